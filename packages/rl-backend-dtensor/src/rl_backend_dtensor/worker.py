@@ -1,0 +1,217 @@
+"""One FSDP2 rank, run inside a Ray actor. The driver-side ``DTensorBackend`` sends each rank its shard."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_core import batch as B
+from rl_core.config import PolicyConfig
+from rl_core.optim import make_optimizer, make_scheduler
+from rl_core.protocols import LossFunction
+from rl_core.weights import to_shared
+
+from rl_backend_dtensor.plugin import DTensorConfig
+
+
+class DTensorWorker:
+    def __init__(self, *, rank: int, world_size: int, model_path: str, policy: PolicyConfig, cfg: DTensorConfig, seed: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.model_path, self.policy, self.cfg = model_path, policy, cfg
+        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // world_size)
+        torch.set_num_threads(threads)
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        torch.manual_seed(seed)
+        self.model: Any = None
+        self.reference: Any = None
+
+    # -- setup ------------------------------------------------------------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        from rl_core.cluster import free_port, node_address
+
+        return node_address()[0], free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        from rl_core.cluster import node_address
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.model = self._load_sharded(trainable=True)
+        self.optimizer = make_optimizer(self.model.parameters(), self.policy.optimizer)
+        self.scheduler = make_scheduler(self.optimizer, self.policy.scheduler)
+        ip, node_id = node_address()
+        return {"rank": self.rank, "ip": ip, "node_id": node_id, "device": str(self.device), "threads": torch.get_num_threads()}
+
+    def _load_sharded(self, *, trainable: bool) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=torch.float32, trust_remote_code=self.policy.trust_remote_code
+        )
+        if trainable and self.cfg.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not trainable:
+            model.requires_grad_(False)
+            model.eval()
+        kwargs: dict[str, Any] = {"mesh": self.mesh}
+        if self.cfg.mixed_precision:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.cfg.cpu_offload and self.device.type == "cuda":
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        blocks = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        if not (self.cfg.cpu_offload and self.device.type == "cuda"):
+            model.to(self.device)
+        return model
+
+    # -- forward --------------------------------------------------------------------------------------------------
+
+    def _logprobs(self, model: Any, mb: B.Batch) -> torch.Tensor:
+        """``[b, T]`` token logprobs of one micro-batch (zero on padding)."""
+        ids, attn = mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device)
+        if self.cfg.sequence_packing:
+            packed, pos, lengths = B.pack(ids, attn)
+            logits = model(input_ids=packed, position_ids=pos.to(self.device), use_cache=False).logits
+            return B.unpack(B.token_logprobs_packed(logits, packed, lengths), lengths, ids.shape[1])
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        return B.token_logprobs(logits, ids) * attn
+
+    def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> list[B.Batch]:
+        """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes."""
+        if self.cfg.dynamic_batching:
+            mbs = B.token_budget_micro_batches(shard, self.cfg.max_tokens_per_microbatch, group_size)
+        else:
+            mbs = B.micro_batches(shard, size, group_size)
+        count = torch.tensor([len(mbs)])
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        while len(mbs) < int(count):
+            dummy = B.select(shard, slice(0, 1))
+            dummy = {**dummy, "loss_mask": torch.zeros_like(dummy["loss_mask"])}
+            mbs.append(dummy)
+        return mbs
+
+    def _chunks(self, shard: B.Batch) -> Iterator[B.Batch]:
+        yield from self._micro_batches(shard, self.policy.logprob_batch_size, 1)
+
+    @torch.no_grad()
+    def logprobs(self, shard: B.Batch, reference: bool = False) -> torch.Tensor:
+        if reference and self.reference is None:
+            self.reference = self._load_sharded(trainable=False)
+        model = self.reference if reference else self.model
+        model.eval()
+        rows = B.num_rows(shard)
+        parts = [self._logprobs(model, mb).float().cpu() for mb in self._chunks(shard)]
+        return B.concat([{"input_ids": p} for p in parts])["input_ids"][:rows]
+
+    # -- training -------------------------------------------------------------------------------------------------
+
+    def train(self, shard: B.Batch, loss_fn: LossFunction, normalizer: float) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        mbs = self._micro_batches(shard, self.policy.train_micro_batch_size, loss_fn.group_size)
+        totals: dict[str, float] = {}
+        for i, mb in enumerate(mbs):
+            self.model.set_requires_gradient_sync(i == len(mbs) - 1)
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            loss, metrics = loss_fn(mb, self._logprobs(self.model, mb), normalizer)
+            # FSDP averages gradients over ranks; the loss is already a share of the global sum, so undo that.
+            (loss * self.world_size).backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.scheduler.step()
+        return {**totals, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.policy.max_grad_norm if self.policy.max_grad_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # -- weights and checkpoints ----------------------------------------------------------------------------------
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def weights_for_refit(self) -> Any:
+        """Rank 0 puts the full weights (Hugging Face names) into Ray's object store as numpy arrays, which
+        readers map zero-copy; other ranks take part in the gather and return None."""
+        import ray
+
+        full = self._full_state_dict()
+        if self.rank != 0:
+            return None
+        return ray.put(to_shared(full))
+
+    def save_checkpoint(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        if self.rank == 0:
+            torch.save({"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()}, Path(path) / "extra.pt")
+        if self.world_size > 1:
+            dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["rng"])
+
+    def export_hf(self, path: str) -> None:
+        full = self._full_state_dict()
+        if self.rank == 0:
+            from transformers import AutoTokenizer
+
+            self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def offload(self) -> None:
+        """Move parameters and optimizer state to CPU while the engine generates (GPU only; a no-op on CPU)."""
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            _move_optimizer(self.optimizer, "cpu")
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)
+            _move_optimizer(self.optimizer, self.device)
+
+
+def _move_optimizer(optimizer: torch.optim.Optimizer, device: Any) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device)

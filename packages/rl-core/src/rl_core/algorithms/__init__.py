@@ -1,0 +1,1 @@
+"""The algorithm loops, one file each."""

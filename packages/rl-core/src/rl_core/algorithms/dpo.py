@@ -1,0 +1,66 @@
+"""DPO: direct preference optimisation on ``{prompt, chosen, rejected}`` rows.
+
+Each row becomes two token rows (chosen, then rejected) that stay together through every split. The reference
+policy's sequence logprobs are computed once per batch by the backend (skipped when ``reference_free``); the loss
+is ``rl_core.losses.DPOLoss``. Validation reports the same loss and the preference accuracy.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rl_core.batch import Batch
+from rl_core.data import EpochSampler, load_split
+from rl_core.loops import drive, prefixed
+from rl_core.losses import DPOLoss
+from rl_core.run import RunContext
+from rl_core.supervised import encode_pairs, validation_loss
+
+_pos = attrs.validators.gt(0)
+
+
+@attrs.frozen(kw_only=True)
+class DPOConfig:
+    max_num_steps: int = attrs.field(default=100, validator=_pos)
+    val_period: int = attrs.field(default=10, validator=_pos)
+    val_at_start: bool = True
+    max_val_samples: int = attrs.field(default=64, validator=_pos)
+    beta: float = attrs.field(default=0.1, validator=_pos)
+    reference_free: bool = False
+    sft_loss_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    average_log_probs: bool = False
+
+
+def run(ctx: RunContext) -> dict[str, float]:
+    cfg: DPOConfig = ctx.config.section("dpo")
+    train = load_split(ctx.config.data, "train")
+    val = load_split(ctx.config.data, "val")[: cfg.max_val_samples]
+    state = ctx.resume()
+    pairs_per_step = ctx.config.policy.train_global_batch_size // 2
+    sampler = EpochSampler(train, pairs_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
+    loss_fn = DPOLoss(
+        beta=cfg.beta,
+        reference_free=cfg.reference_free,
+        sft_loss_weight=cfg.sft_loss_weight,
+        average_log_probs=cfg.average_log_probs,
+    )
+
+    def with_reference(batch: Batch) -> Batch:
+        if not cfg.reference_free:
+            batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
+        return batch
+
+    def step_fn(_step: int) -> dict[str, float]:
+        batch = with_reference(encode_pairs(ctx, sampler.next()))
+        return prefixed("train", ctx.backend.train(batch, loss_fn))
+
+    return drive(
+        ctx,
+        total_steps=cfg.max_num_steps,
+        state=state,
+        step_fn=step_fn,
+        validate=(lambda: validation_loss(ctx, with_reference(encode_pairs(ctx, val)), loss_fn)) if val else None,
+        val_period=cfg.val_period,
+        val_at_start=cfg.val_at_start,
+        save_state=lambda: {"data_position": sampler.position},
+    )

@@ -1,0 +1,108 @@
+"""REINFORCE with a leave-one-out (RLOO) baseline and a KL penalty to the initial policy, in the style of
+NeMo-Aligner's REINFORCE tutorial.
+
+One step: ``num_prompts_per_step`` prompts x ``num_rollout_samples`` responses; the reward of each is the reward
+sources' total minus ``initial_policy_kl_penalty * sum_t (log pi(x_t) - log pi_init(x_t))``; the advantage is the
+reward minus the mean reward of the *other* samples of the same prompt (no std normalisation); the loss is plain
+REINFORCE ``-A * log pi`` (no ratio, no clipping), averaged over tokens.
+
+Key names mapped from the tutorial: ``model.reinforce.num_rollout_samples`` -> ``reinforce.num_rollout_samples``,
+``trainer.reinforce.max_steps`` -> ``reinforce.max_steps``, ``trainer.reinforce.val_check_interval`` ->
+``reinforce.val_check_interval``, ``model.reinforce.initial_policy_kl_penalty`` ->
+``reinforce.initial_policy_kl_penalty``, ``model.global_batch_size`` -> ``policy.train_global_batch_size``,
+``model.reinforce.rollout_micro_batch_size`` -> ``reinforce.rollout_micro_batch_size``,
+``model.forward_micro_batch_size`` -> ``policy.logprob_batch_size``, ``model.encoder_seq_length`` (``max_length``)
+-> ``policy.max_total_sequence_length``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from rl_core import advantages as adv
+from rl_core.config import LossConfig
+from rl_core.data import EpochSampler, load_split
+from rl_core.losses import ClippedPGLoss
+from rl_core.loops import drive, generate_and_score, prefixed, rollout_batch, rollout_metrics, sampling
+from rl_core.loops import validate_rollouts
+from rl_core.run import Phases, RunContext
+
+_pos = attrs.validators.gt(0)
+
+
+@attrs.frozen(kw_only=True)
+class ReinforceConfig:
+    num_prompts_per_step: int = attrs.field(default=8, validator=_pos)
+    num_rollout_samples: int = attrs.field(default=4, validator=attrs.validators.ge(2))
+    max_steps: int = attrs.field(default=20, validator=_pos)
+    initial_policy_kl_penalty: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
+    val_check_interval: int = attrs.field(default=5, validator=_pos)
+    val_at_start: bool = True
+    max_val_samples: int = attrs.field(default=64, validator=_pos)
+    #: rollouts scored per reward request (the reward server checks its micro-batching against it).
+    rollout_micro_batch_size: int | None = None
+
+
+#: the loss REINFORCE uses: -A * log pi per token, no ratio and no KL term (the KL is in the reward).
+REINFORCE_LOSS = LossConfig(disable_ppo_ratio=True, reference_policy_kl_penalty=0.0, token_level_loss=True)
+
+
+def run(ctx: RunContext) -> dict[str, float]:
+    cfg: ReinforceConfig = ctx.config.section("reinforce")
+    train = load_split(ctx.config.data, "train")
+    val = load_split(ctx.config.data, "val")[: cfg.max_val_samples]
+    state = ctx.resume()
+    sampler = EpochSampler(train, cfg.num_prompts_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
+    loss_fn = ClippedPGLoss(cfg=REINFORCE_LOSS)
+    return drive(
+        ctx,
+        total_steps=cfg.max_steps,
+        state=state,
+        step_fn=lambda step: reinforce_step(ctx, cfg, sampler, loss_fn, step),
+        validate=(lambda: validate_rollouts(ctx, val, ctx.config.seed)) if val else None,
+        val_period=cfg.val_check_interval,
+        val_at_start=cfg.val_at_start,
+        save_state=lambda: {"data_position": sampler.position},
+    )
+
+
+def reinforce_step(
+    ctx: RunContext, cfg: ReinforceConfig, sampler: EpochSampler, loss_fn: ClippedPGLoss, step: int
+) -> dict[str, float]:
+    import torch
+
+    phases = Phases()
+    start = time.perf_counter()
+    G = cfg.num_rollout_samples
+    scored = generate_and_score(ctx, sampler.next(), sampling(ctx, G, seed=ctx.config.seed * 100_003 + step), phases)
+    gen_seconds = time.perf_counter() - start
+    batch = rollout_batch(ctx, scored.rollouts)
+    with phases("logprobs"):
+        logprobs = ctx.backend.logprobs(batch)
+    with phases("reference_logprobs"):
+        reference = ctx.backend.reference_logprobs(batch)
+    raw = torch.tensor(scored.rewards, dtype=torch.float32)  # [P*G]
+    rewards = adv.kl_penalized_rewards(raw, logprobs, reference, batch["loss_mask"], cfg.initial_policy_kl_penalty)
+    P = len(scored.examples)
+    advantages = adv.group_advantages(
+        rewards.view(P, G), torch.ones(P, G, dtype=torch.bool), leave_one_out=True, normalize=False
+    )  # [P, G]
+    batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]
+    with phases("train"):
+        train_metrics = ctx.backend.train(batch, loss_fn)
+    assert ctx.transport is not None and ctx.engine is not None
+    with phases("refit"):
+        refit = ctx.transport.refit(ctx.backend, ctx.engine)
+    kl = ((logprobs - reference) * batch["loss_mask"]).sum(1).mean()
+    return {
+        **rollout_metrics(scored, gen_seconds),
+        "reward_with_kl": float(rewards.mean()),
+        "train/kl": float(kl),
+        **prefixed("train", train_metrics),
+        "refit/bytes": float(refit.num_bytes),
+        "refit/seconds": refit.seconds,
+        **phases.metrics(),
+        "time/step": time.perf_counter() - start,
+    }

@@ -1,0 +1,130 @@
+"""The core's own parts, registered through the same hooks as external plugins: the four algorithm loops, the
+rule-based reward sources, the optional metrics loggers and the object-store weight transport."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rl_core.hookspecs import hookimpl
+from rl_core.protocols import RefitStats, RolloutEngine, TrainingBackend
+from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec, WeightTransportSpec
+
+
+def _run_grpo(ctx: Any) -> dict[str, float]:
+    from rl_core.algorithms import grpo
+
+    return grpo.run(ctx)
+
+
+def _run_reinforce(ctx: Any) -> dict[str, float]:
+    from rl_core.algorithms import reinforce
+
+    return reinforce.run(ctx)
+
+
+def _run_sft(ctx: Any) -> dict[str, float]:
+    from rl_core.algorithms import sft
+
+    return sft.run(ctx)
+
+
+def _run_dpo(ctx: Any) -> dict[str, float]:
+    from rl_core.algorithms import dpo
+
+    return dpo.run(ctx)
+
+
+@hookimpl
+def rl_algorithms() -> list[AlgorithmSpec]:
+    from rl_core.algorithms.dpo import DPOConfig
+    from rl_core.algorithms.grpo import GRPOConfig
+    from rl_core.algorithms.reinforce import ReinforceConfig
+    from rl_core.algorithms.sft import SFTConfig
+
+    return [
+        AlgorithmSpec(name="grpo", factory=_run_grpo, config_key="grpo", config_class=GRPOConfig,
+                      description="GRPO with DAPO options", package="rl-core"),
+        AlgorithmSpec(name="reinforce", factory=_run_reinforce, config_key="reinforce", config_class=ReinforceConfig,
+                      description="REINFORCE, RLOO baseline, KL to the initial policy in the reward", package="rl-core"),
+        AlgorithmSpec(name="sft", factory=_run_sft, config_key="sft", config_class=SFTConfig, uses_rollout=False,
+                      description="supervised fine-tuning", package="rl-core"),
+        AlgorithmSpec(name="dpo", factory=_run_dpo, config_key="dpo", config_class=DPOConfig, uses_rollout=False,
+                      description="direct preference optimisation", package="rl-core"),
+    ]
+
+
+def _reward(name: str, cls_path: str, cfg_cls: type, description: str) -> RewardSourceSpec:
+    def factory(options: Any) -> Any:
+        from rl_core import rewards
+
+        return getattr(rewards, cls_path)(cfg=options if options is not None else cfg_cls())
+
+    return RewardSourceSpec(name=name, factory=factory, config_class=cfg_cls, description=description, package="rl-core")
+
+
+@hookimpl
+def rl_reward_sources() -> list[RewardSourceSpec]:
+    from rl_core.rewards import ExactMatchConfig, NumberMatchConfig, RegexConfig
+
+    return [
+        _reward("exact_match", "ExactMatch", ExactMatchConfig, "1 if the response equals metadata[answer_key]"),
+        _reward("number_match", "NumberMatch", NumberMatchConfig, "1 if the first number equals the answer"),
+        _reward("regex", "RegexFormat", RegexConfig, "1 if the response matches a pattern"),
+    ]
+
+
+def _tensorboard(config: Any, run_dir: Any) -> Any:
+    from rl_core.metrics import TensorBoardLogger
+
+    return TensorBoardLogger(run_dir)
+
+
+def _wandb(config: Any, run_dir: Any) -> Any:
+    from rl_core.metrics import WandbLogger
+
+    return WandbLogger(config, run_dir)
+
+
+def _mlflow(config: Any, run_dir: Any) -> Any:
+    from rl_core.metrics import MlflowLogger
+
+    return MlflowLogger(config, run_dir)
+
+
+@hookimpl
+def rl_loggers() -> list[LoggerSpec]:
+    return [
+        LoggerSpec(name=name, factory=factory, config_key=f"logger.{name}_enabled", package=f"rl-core[{name}]")
+        for name, factory in (("tensorboard", _tensorboard), ("wandb", _wandb), ("mlflow", _mlflow))
+    ]
+
+
+class ObjectStoreTransport:
+    """CPU route: the backend puts its full weights (Hugging Face names) into Ray's shared-memory object store;
+    every engine replica maps them zero-copy and reloads them in place."""
+
+    def refit(self, backend: TrainingBackend, engine: RolloutEngine) -> RefitStats:
+        return engine.update_weights(backend.weights_for_refit())
+
+
+@hookimpl
+def rl_weight_transports() -> list[WeightTransportSpec]:
+    return [
+        WeightTransportSpec(
+            name="object_store",
+            factory=ObjectStoreTransport,
+            priority=0,
+            supports=lambda _backend, _engine, _device: True,
+            description="Ray shared-memory object store (any device; the CPU default)",
+            package="rl-core",
+        )
+    ]
+
+
+@hookimpl
+def rl_step(step: int, algorithm: str, run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    del step, algorithm
+    return run()
+
+

@@ -1,0 +1,17 @@
+"""Errors that the CLI prints as one clear message (a traceback only with ``--debug``)."""
+
+
+class RLCoreError(Exception):
+    """Base class: the message says what is wrong and how to fix it."""
+
+
+class ConfigError(RLCoreError):
+    """A config file or override is invalid; the message names the key or file."""
+
+
+class PluginError(RLCoreError):
+    """A plugin is missing, disabled, broken or ambiguous; the message names the package."""
+
+
+class InputError(RLCoreError):
+    """Bad input data (prompts, batches, model folders); the message names what and why."""

@@ -1,0 +1,102 @@
+"""Metrics loggers: JSONL always; TensorBoard, W&B (offline works without a network) and MLflow (a file store in
+the run folder by default) when enabled. All implement ``rl_core.protocols.MetricsLogger``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rl_core.config import Config
+
+
+def _clean(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        value = float(value)
+        out[key] = value if math.isfinite(value) else float("nan")
+    return out
+
+
+class JsonlLogger:
+    """One JSON object per step in ``RUN_DIR/metrics.jsonl``: ``{"step": N, ...metrics}``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, **_clean(metrics)}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardLogger:
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in _clean(metrics).items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    def __init__(self, config: Config, run_dir: Path) -> None:
+        import wandb
+
+        from rl_core.config import to_dict
+
+        self.run = wandb.init(
+            project=config.logger.wandb_project,
+            mode=config.logger.wandb_mode,
+            dir=str(run_dir),
+            config=to_dict(config),
+            name=run_dir.name,
+        )
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(_clean(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowLogger:
+    def __init__(self, config: Config, run_dir: Path) -> None:
+        import mlflow
+
+        uri = config.logger.mlflow_tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment("rl-core")
+        self.mlflow = mlflow
+        self.run = mlflow.start_run(run_name=run_dir.name)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        clean = {k.replace("/", "_"): v for k, v in _clean(metrics).items()}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of ``RUN_DIR/metrics.jsonl``, the last row per step winning (a resumed run rewrites steps)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[int(row["step"])] = row
+    return [by_step[k] for k in sorted(by_step)]

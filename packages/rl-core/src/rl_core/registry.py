@@ -1,0 +1,289 @@
+"""The plugin registry: discovery through entry points, typed records keyed by name, selection by priority.
+
+Plugins are modules named by entry points in the ``rl_core`` group. The core's own parts (``rl_core.builtin``)
+register through the same hooks. A plugin that fails to import is reported and skipped; it becomes an error only
+when the config selects something it would have provided. ``RL_CORE_DISABLE_PLUGINS=a,b`` blocks plugins by
+entry-point name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from typing import Any, Literal
+
+import attrs
+import pluggy
+
+from rl_core import hookspecs
+from rl_core.errors import PluginError
+from rl_core.specs import (
+    AlgorithmSpec,
+    CliCommandSpec,
+    ComponentSpec,
+    LoggerSpec,
+    RewardSourceSpec,
+    RolloutEngineSpec,
+    TrainingBackendSpec,
+    WeightTransportSpec,
+)
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "rl_core"
+DISABLE_ENV = "RL_CORE_DISABLE_PLUGINS"
+BUILTIN = "core"
+
+#: kind -> (registration hook, record class, words used in messages)
+KINDS: dict[str, tuple[str, type, str]] = {
+    "training_backend": ("rl_training_backends", TrainingBackendSpec, "training backend"),
+    "rollout_engine": ("rl_rollout_engines", RolloutEngineSpec, "rollout engine"),
+    "reward_source": ("rl_reward_sources", RewardSourceSpec, "reward source"),
+    "algorithm": ("rl_algorithms", AlgorithmSpec, "algorithm"),
+    "logger": ("rl_loggers", LoggerSpec, "logger"),
+    "weight_transport": ("rl_weight_transports", WeightTransportSpec, "weight transport"),
+    "cli_command": ("rl_cli_commands", CliCommandSpec, "CLI command"),
+}
+Kind = Literal[
+    "training_backend", "rollout_engine", "reward_source", "algorithm", "logger", "weight_transport", "cli_command"
+]
+
+#: First-party components and the plugin (entry-point name) and pip requirement that provide them. Used only to
+#: word errors when a component is missing; the core never imports these packages.
+FIRST_PARTY: dict[str, tuple[str, str]] = {
+    "dtensor": ("dtensor", "rl-backend-dtensor"),
+    "megatron": ("megatron", "rl-backend-megatron"),
+    "vllm": ("vllm", "rl-rollout-vllm[cpu]' (or 'rl-rollout-vllm[cuda]' on a GPU machine)"),
+    "remote": ("reward_server", "rl-reward-server"),
+    "math_verify": ("reward_server", "rl-reward-server"),
+    "reward_model": ("reward_server", "rl-reward-server"),
+}
+_FIRST_PARTY_KIND: dict[str, tuple[str, ...]] = {
+    "training_backend": ("dtensor",),
+    "rollout_engine": ("vllm",),
+    "reward_source": ("remote",),
+}
+#: First-party config sections and the component they enable.
+FIRST_PARTY_SECTIONS: dict[str, str] = {
+    "policy.dtensor_cfg": "dtensor",
+    "policy.megatron_cfg": "megatron",
+    "policy.generation.vllm_cfg": "vllm",
+}
+
+
+@attrs.frozen(kw_only=True)
+class PluginInfo:
+    """One discovered plugin and what became of it."""
+
+    name: str
+    distribution: str
+    version: str
+    status: Literal["loaded", "failed", "disabled"]
+    error: str | None = None
+    hooks: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Registered:
+    """A record and the plugin that registered it."""
+
+    spec: Any
+    plugin: str
+
+
+@attrs.frozen(kw_only=True)
+class Selection:
+    """The component a config selects, and why."""
+
+    kind: str
+    chosen: ComponentSpec
+    reason: str
+    runners_up: tuple[ComponentSpec, ...] = ()
+
+    def describe(self) -> str:
+        """One line, e.g. ``training backend: megatron (priority 200; also enabled: dtensor 100)``."""
+        words = KINDS[self.kind][2]
+        extra = ""
+        if self.runners_up:
+            others = ", ".join(f"{s.name} {s.priority}" for s in self.runners_up)
+            extra = f"; also enabled: {others}"
+        return f"{words}: {self.chosen.name} ({self.reason}{extra})"
+
+
+def disabled_from_env() -> frozenset[str]:
+    raw = os.environ.get(DISABLE_ENV, "")
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
+    dist = ep.dist
+    if dist is None:
+        return "?", "?"
+    return dist.metadata["Name"], dist.version
+
+
+class Registry:
+    """All components registered by the core and the loaded plugins."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._components: dict[str, dict[str, Registered]] = {kind: {} for kind in KINDS}
+
+    # -- building -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def discover(
+        cls,
+        *,
+        entry_points: bool = True,
+        disabled: Iterable[str] | None = None,
+        extra: Sequence[tuple[str, object]] = (),
+    ) -> Registry:
+        """Build the registry: the built-in parts, then every entry-point plugin not disabled, then ``extra``
+        (``(name, module_or_object)`` pairs, for tests)."""
+        from rl_core import builtin
+
+        reg = cls()
+        blocked = disabled_from_env() if disabled is None else frozenset(disabled)
+        reg._add(BUILTIN, builtin, "rl-core", _core_version())
+        if entry_points:
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                dist, version = _dist_of(ep)
+                if ep.name in blocked:
+                    reg.plugins[ep.name] = PluginInfo(name=ep.name, distribution=dist, version=version, status="disabled")
+                    continue
+                try:
+                    module = ep.load()
+                except Exception as exc:  # a broken plugin must not break the others
+                    log.warning("plugin %r (%s %s) failed to import and is skipped: %r", ep.name, dist, version, exc)
+                    reg.plugins[ep.name] = PluginInfo(
+                        name=ep.name, distribution=dist, version=version, status="failed", error=repr(exc)
+                    )
+                    continue
+                reg._add(ep.name, module, dist, version)
+        for name, module in extra:
+            reg._add(name, module, name, "0")
+        return reg
+
+    def _add(self, name: str, module: object, dist: str, version: str) -> None:
+        if name in self.plugins and self.plugins[name].status == "loaded":
+            other = self.plugins[name]
+            raise PluginError(
+                f"two plugins are named {name!r}: from {other.distribution} {other.version} and from {dist} {version}"
+            )
+        self.pm.register(module, name=name)
+        collected: dict[str, list[Any]] = {}
+        try:
+            for kind, (hook, record_cls, _words) in KINDS.items():
+                impls = [i for i in getattr(self.pm.hook, hook).get_hookimpls() if i.plugin_name == name]
+                records: list[Any] = []
+                for impl in impls:
+                    for record in impl.function() or []:
+                        if not isinstance(record, record_cls):
+                            raise TypeError(f"{hook} returned {type(record).__name__}, expected {record_cls.__name__}")
+                        records.append(record)
+                collected[kind] = records
+        except Exception as exc:
+            self.pm.unregister(name=name)
+            log.warning("plugin %r (%s %s) failed to register and is skipped: %r", name, dist, version, exc)
+            self.plugins[name] = PluginInfo(name=name, distribution=dist, version=version, status="failed", error=repr(exc))
+            return
+        for kind, records in collected.items():
+            for record in records:
+                existing = self._components[kind].get(record.name)
+                if existing is not None:
+                    first = self.plugins.get(existing.plugin)
+                    first_dist = f"{first.distribution} {first.version}" if first else existing.plugin
+                    raise PluginError(
+                        f"{KINDS[kind][2]} {record.name!r} is registered twice: by {first_dist} "
+                        f"(plugin {existing.plugin!r}) and by {dist} {version} (plugin {name!r}); "
+                        f"uninstall one, or block one with {DISABLE_ENV}={name}"
+                    )
+                self._components[kind][record.name] = Registered(spec=record, plugin=name)
+        hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(module) or []))
+        self.plugins[name] = PluginInfo(name=name, distribution=dist, version=version, status="loaded", hooks=hooks)
+
+    # -- lookup ---------------------------------------------------------------------------------------------------
+
+    def specs(self, kind: Kind) -> dict[str, Any]:
+        """Records of one kind, by name."""
+        return {name: reg.spec for name, reg in self._components[kind].items()}
+
+    def owner(self, kind: Kind, name: str) -> PluginInfo:
+        return self.plugins[self._components[kind][name].plugin]
+
+    def get(self, kind: Kind, name: str) -> Any:
+        """The record ``name`` of ``kind``, or a PluginError saying why it is not there and what to install."""
+        found = self._components[kind].get(name)
+        if found is None:
+            raise PluginError(self.why_missing(kind, name))
+        return found.spec
+
+    def why_missing(self, kind: Kind, name: str) -> str:
+        words = KINDS[kind][2]
+        plugin, package = FIRST_PARTY.get(name, (name, ""))
+        info = self.plugins.get(plugin)
+        available = ", ".join(sorted(self._components[kind])) or "none"
+        if info is not None and info.status == "disabled":
+            return (
+                f"{words} {name!r} is provided by plugin {plugin!r} ({info.distribution}), which is disabled by "
+                f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, plugin)}; remove {plugin!r} from it, or select another "
+                f"{words} (available: {available})"
+            )
+        if info is not None and info.status == "failed":
+            return (
+                f"{words} {name!r} is provided by plugin {plugin!r} ({info.distribution} {info.version}), which "
+                f"failed to import: {info.error}. Reinstall it: pip install --force-reinstall {info.distribution}"
+            )
+        hint = f" Install it: pip install '{package}'." if package else ""
+        return f"no {words} named {name!r} is installed (available: {available}).{hint}"
+
+    def section_classes(self) -> dict[str, tuple[str, ComponentSpec]]:
+        """Config sections contributed by registered components: ``config_key -> (kind, spec)``."""
+        out: dict[str, tuple[str, ComponentSpec]] = {}
+        for kind in ("training_backend", "rollout_engine", "algorithm"):
+            for reg in self._components[kind].values():
+                spec = reg.spec
+                if spec.config_key and spec.config_class is not None:
+                    out[spec.config_key] = (kind, spec)
+        return out
+
+    # -- selection ------------------------------------------------------------------------------------------------
+
+    def select(self, kind: Kind, *, explicit: str | None, enabled: Mapping[str, bool], selector_key: str) -> Selection:
+        """Pick a component: ``explicit`` (a name from ``selector_key``) wins; else the highest priority among
+        the enabled ones (``enabled`` maps names to whether their config section enables them)."""
+        words = KINDS[kind][2]
+        specs = self.specs(kind)
+        on = sorted((specs[n] for n, flag in enabled.items() if flag and n in specs), key=lambda s: -s.priority)
+        if explicit:
+            chosen = self.get(kind, explicit)
+            others = tuple(s for s in on if s.name != explicit)
+            return Selection(
+                kind=kind, chosen=chosen, reason=f"named by {selector_key}; priority {chosen.priority}", runners_up=others
+            )
+        if not specs:
+            packages = sorted({pkg for comp, (_p, pkg) in FIRST_PARTY.items() if comp in _FIRST_PARTY_KIND.get(kind, ())})
+            hint = f": pip install '{packages[0]}'" if packages else ""
+            raise PluginError(f"no {words} is installed{hint}")
+        if not on:
+            keys = ", ".join(f"{s.config_key}.enabled=true" for s in specs.values() if s.config_key) or "none installed"
+            raise PluginError(f"no {words} is enabled: set one of {keys}, or name one with {selector_key}=NAME")
+        return Selection(kind=kind, chosen=on[0], reason=f"priority {on[0].priority}", runners_up=tuple(on[1:]))
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+
+def _core_version() -> str:
+    from rl_core.__about__ import __version__
+
+    return __version__
+

