@@ -87,7 +87,7 @@ def explain(items: Sequence[str], registry: Registry, *, as_json: bool) -> int:
     path, overrides = _split_config(items)
     config = load_config(path, overrides, registry)
     chosen = select_components(config, registry)
-    lines = {"algorithm": config.algorithm, "training_backend": chosen.backend.describe()}
+    lines = {"algorithm": f"algorithm: {config.algorithm}", "training_backend": chosen.backend.describe()}
     if chosen.engine is not None:
         lines["rollout_engine"] = chosen.engine.describe()
         lines["weight_transport"] = f"weight transport: {chosen.transport.name}"

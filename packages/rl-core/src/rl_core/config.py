@@ -334,12 +334,22 @@ def _pop_path(data: dict[str, Any], dotted: str) -> Any:
     return node.pop(last, None) if isinstance(node, dict) else None
 
 
-def _structure(cls: type, data: Any, where: str, extra: Mapping[str, Sequence[str]] | None = None) -> Any:
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    """cattrs' wording, except that our validators' own messages are kept (they say what to change)."""
+    from cattrs.v import format_exception
+
+    message = str(exc)
+    if isinstance(exc, ValueError) and message and not message.startswith(("invalid literal", "could not convert")):
+        return message
+    return format_exception(exc, type_)
+
+
+def structure_section(cls: type, data: Any, where: str, extra: Mapping[str, Sequence[str]] | None = None) -> Any:
     check_keys(cls, data, f"{where}." if where else "", extra)
     try:
         return _converter.structure(data if data is not None else {}, cls)
     except cattrs.BaseValidationError as exc:
-        details = "; ".join(cattrs.transform_error(exc, path=where or "$"))
+        details = "; ".join(cattrs.transform_error(exc, path=where or "$", format_exception=_format_exception))
         raise ConfigError(f"invalid config: {details}") from None
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config at '{where or 'top level'}': {exc}") from None
@@ -351,7 +361,7 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
     sections: dict[str, Any] = {}
     claimed = registry.section_classes()
     for key, (_kind, spec) in sorted(claimed.items()):
-        sections[key] = _structure(spec.config_class, _pop_path(raw, key), key)
+        sections[key] = structure_section(spec.config_class, _pop_path(raw, key), key)
     for key, component in FIRST_PARTY_SECTIONS.items():
         if key in claimed:
             continue
@@ -366,7 +376,7 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
     for key in [*claimed, *FIRST_PARTY_SECTIONS]:
         parent, _, leaf = key.rpartition(".")
         owned.setdefault(f"{parent}." if parent else "", []).append(leaf)
-    core = _structure(Config, raw, "", owned)
+    core = structure_section(Config, raw, "", owned)
     reward = RewardConfig(sources=tuple(_reward_source(i, s, registry) for i, s in enumerate(sources)))
     return attrs.evolve(core, reward=reward, sections=sections)
 
@@ -381,7 +391,7 @@ def _reward_source(index: int, entry: Any, registry: Registry) -> RewardSourceCo
     spec = registry.specs("reward_source").get(name)
     if spec is None:
         raise ConfigError(f"{where}.name: {registry.why_missing('reward_source', name)}")
-    options = _structure(spec.config_class, entry, where) if spec.config_class is not None else None
+    options = structure_section(spec.config_class, entry, where) if spec.config_class is not None else None
     if spec.config_class is None and entry:
         raise ConfigError(f"{where}: reward source {name!r} takes no options, got {sorted(entry)}")
     try:

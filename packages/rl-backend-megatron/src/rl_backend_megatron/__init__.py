@@ -1,0 +1,1 @@
+"""rl-core training backend on megatron-core."""

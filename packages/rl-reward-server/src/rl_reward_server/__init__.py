@@ -1,0 +1,1 @@
+"""HTTP reward server and client reward source for rl-core."""

@@ -1,0 +1,132 @@
+"""The client reward source: scores through one or more reward servers over HTTP.
+
+Each ``score`` call splits its samples into chunks of ``batch_size``, sends the chunks concurrently, spread
+round-robin over the servers, and retries a chunk on connection errors, timeouts and 5xx answers with
+exponential backoff, moving to the next server each time. Scoring is a pure function of the chunk, so a retry
+cannot double-count: each chunk's answer is placed once, by its index, and the rewards come back in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from rl_core.errors import InputError, RLCoreError
+
+
+def _check_microbatching(inst: RemoteConfig, _attr: Any, _value: Any) -> None:
+    if inst.inference_micro_batch_size and inst.replicas and inst.rollout_micro_batch_size:
+        if inst.inference_micro_batch_size * inst.replicas > inst.rollout_micro_batch_size:
+            raise ValueError(
+                f"inference_micro_batch_size x replicas ({inst.inference_micro_batch_size} x {inst.replicas} = "
+                f"{inst.inference_micro_batch_size * inst.replicas}) must be <= rollout_micro_batch_size "
+                f"({inst.rollout_micro_batch_size}): each rollout micro-batch is split across the reward model's "
+                "data-parallel replicas, so a smaller one leaves replicas idle or with partial micro-batches. "
+                "Lower inference_micro_batch_size or replicas, or raise rollout_micro_batch_size"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class RemoteConfig:
+    """``reward.sources: [{name: remote, url: ..., scorer: ...}]``."""
+
+    #: one server, or ``urls`` for several.
+    url: str | None = None
+    urls: tuple[str, ...] = ()
+    scorer: str = "math_verify"
+    #: samples per HTTP request.
+    batch_size: int = attrs.field(default=64, validator=attrs.validators.gt(0))
+    timeout_s: float = 60.0
+    max_retries: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    #: environment variable holding the bearer token, if the server wants one.
+    token_env: str = "RL_REWARD_SERVER_TOKEN"
+    # The seed's constraint, checked when all three are given (they describe the server's reward model).
+    inference_micro_batch_size: int | None = None
+    replicas: int | None = None
+    rollout_micro_batch_size: int | None = attrs.field(default=None, validator=_check_microbatching)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.url and not self.urls:
+            raise ValueError("give the reward server's address: url: http://127.0.0.1:8000 (or urls: [...])")
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        return tuple(u.rstrip("/") for u in ((self.url,) if self.url else ()) + self.urls)
+
+
+class RewardServerError(RLCoreError):
+    """The servers could not score a chunk after every retry."""
+
+
+class RemoteRewardSource:
+    """Implements ``rl_core.protocols.RewardSource`` over HTTP."""
+
+    def __init__(self, cfg: RemoteConfig) -> None:
+        self.cfg = cfg
+        token = os.environ.get(cfg.token_env)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[Any]:
+        if not (len(prompts) == len(responses) == len(metadata)):
+            raise InputError("prompts, responses and metadata must have the same length")
+        if not prompts:
+            return []
+        return asyncio.run(self._score_all(list(prompts), list(responses), [dict(m) for m in metadata]))
+
+    async def _score_all(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
+        import httpx
+
+        size = self.cfg.batch_size
+        starts = range(0, len(prompts), size)
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=self.headers, limits=limits) as client:
+            parts = await asyncio.gather(
+                *(self._chunk(client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]) for i in starts)
+            )
+        return [r for part in parts for r in part]
+
+    async def _chunk(self, client: Any, index: int, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
+        import httpx
+
+        servers = self.cfg.servers
+        first = index % len(servers)
+        body = {"scorer": self.cfg.scorer, "prompts": prompts, "responses": responses, "metadata": metadata}
+        last_error = ""
+        for attempt in range(self.cfg.max_retries + 1):
+            url = servers[(first + attempt) % len(servers)]
+            try:
+                reply = await client.post(f"{url}/v1/score", json=body)
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                last_error = f"{url}: {type(exc).__name__}: {exc}"
+            else:
+                if reply.status_code < 300:
+                    rewards = reply.json()["rewards"]
+                    if len(rewards) != len(prompts):
+                        raise RewardServerError(f"{url} returned {len(rewards)} rewards for {len(prompts)} samples")
+                    return rewards
+                message = _message(reply)
+                if reply.status_code < 500:  # our request is wrong: retrying will not help
+                    raise RewardServerError(f"reward server {url} rejected the request ({reply.status_code}): {message}")
+                last_error = f"{url}: {reply.status_code} {message}"
+            delay = min(self.cfg.max_backoff_s, self.cfg.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+            await asyncio.sleep(delay)
+        raise RewardServerError(
+            f"could not score {len(prompts)} samples after {self.cfg.max_retries + 1} attempts; last error: {last_error}"
+        )
+
+    def close(self) -> None:
+        return None
+
+
+def _message(reply: Any) -> str:
+    try:
+        return str(reply.json().get("error", reply.text))
+    except ValueError:
+        return reply.text[:200]

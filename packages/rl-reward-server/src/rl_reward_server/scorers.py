@@ -1,0 +1,88 @@
+"""Scorers that the server hosts and that also run in-process as reward sources: math answer checking
+(``math-verify``) and a Hugging Face reward model (``AutoModelForSequenceClassification`` with one output)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rl_core.errors import InputError
+
+
+@attrs.frozen(kw_only=True)
+class MathVerifyConfig:
+    answer_key: str = "answer"
+    #: seconds allowed per parse/verify (enforced only on the main thread: math-verify uses signals).
+    timeout_seconds: int = 5
+
+
+@attrs.frozen(kw_only=True)
+class MathVerifyScorer:
+    """1.0 when the response's final answer is mathematically equal to ``metadata[answer_key]`` (``1/2``,
+    ``0.5`` and ``\\frac{1}{2}`` are equal), else 0.0."""
+
+    cfg: MathVerifyConfig = attrs.Factory(MathVerifyConfig)
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+        from math_verify import parse, verify
+
+        timeout = self.cfg.timeout_seconds if threading.current_thread() is threading.main_thread() else None
+        out = []
+        for response, meta in zip(responses, metadata, strict=True):
+            if self.cfg.answer_key not in meta:
+                raise InputError(f"math_verify needs metadata[{self.cfg.answer_key!r}] for every sample")
+            gold = parse(str(meta[self.cfg.answer_key]), parsing_timeout=timeout)
+            answer = parse(response, parsing_timeout=timeout)
+            out.append(float(bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=timeout)))
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+@attrs.frozen(kw_only=True)
+class RewardModelConfig:
+    #: a local folder holding an AutoModelForSequenceClassification checkpoint with one output.
+    path: str
+    inference_micro_batch_size: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    max_length: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
+    #: text between prompt and response when they are joined for the model.
+    separator: str = ""
+
+
+class RewardModelScorer:
+    """The reward model's single logit for ``prompt + separator + response``, in micro-batches."""
+
+    def __init__(self, cfg: RewardModelConfig) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if not (Path(cfg.path) / "config.json").is_file():
+            raise InputError(f"reward model folder {cfg.path!r} does not exist or has no config.json")
+        self.cfg = cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(cfg.path, dtype=torch.float32).eval()
+        if self.model.config.num_labels != 1:
+            raise InputError(f"reward model {cfg.path!r} has {self.model.config.num_labels} outputs; it must have 1")
+        self.lock = threading.Lock()
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+        import torch
+
+        texts = [p + self.cfg.separator + r for p, r in zip(prompts, responses, strict=True)]
+        out: list[float] = []
+        step = self.cfg.inference_micro_batch_size
+        with self.lock, torch.no_grad():
+            for i in range(0, len(texts), step):
+                enc = self.tokenizer(
+                    texts[i : i + step], return_tensors="pt", padding=True, truncation=True, max_length=self.cfg.max_length
+                )
+                out += self.model(**enc).logits[:, 0].float().tolist()
+        return out
+
+    def close(self) -> None:
+        return None

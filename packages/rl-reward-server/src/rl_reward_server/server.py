@@ -1,0 +1,242 @@
+"""The reward server: a FastAPI app hosting named scorers, batching concurrent requests per scorer.
+
+``POST /v1/score`` takes ``{"scorer", "prompts", "responses", "metadata"?}`` and answers ``{"rewards": [...]}``
+in order. Requests to one scorer that arrive together are merged into micro-batches of up to
+``micro_batch_size`` samples (waiting at most ``max_wait_ms`` for company), so many small requests become few
+scorer calls. JSON only; bad input is a 4xx naming the field; a scorer failure is a 5xx for that request alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rl_core.protocols import RewardSource
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class ServerSettings:
+    micro_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_batch_size: int = 4096
+    max_body_bytes: int = 8 * 1024 * 1024
+    token: str | None = None
+
+
+class ScoreRequest(BaseModel):
+    """One scoring request: parallel lists, one entry per sample."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scorer: str = Field(description="name of a hosted scorer (GET /v1/scorers)")
+    prompts: list[str] = Field(min_length=1)
+    responses: list[str] = Field(min_length=1)
+    metadata: list[dict[str, Any]] | None = Field(default=None, description="per-sample data, e.g. {'answer': '1/2'}")
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> ScoreRequest:
+        n = len(self.prompts)
+        if len(self.responses) != n or (self.metadata is not None and len(self.metadata) != n):
+            raise ValueError(
+                f"prompts ({n}), responses ({len(self.responses)}) and metadata "
+                f"({'absent' if self.metadata is None else len(self.metadata)}) must have the same length"
+            )
+        return self
+
+
+class ScoreResponse(BaseModel):
+    rewards: list[float | dict[str, float]]
+
+
+@attrs.define
+class _Job:
+    prompts: list[str]
+    responses: list[str]
+    metadata: list[dict[str, Any]]
+    future: asyncio.Future[list[Any]]
+
+
+class Batcher:
+    """Merges concurrent jobs for one scorer into micro-batches and runs them off the event loop."""
+
+    def __init__(self, name: str, scorer: RewardSource, settings: ServerSettings, metrics: _Metrics) -> None:
+        self.name, self.scorer, self.settings, self.metrics = name, scorer, settings, metrics
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._loop())
+
+    async def submit(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Job(prompts, responses, metadata, future))
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            jobs = [await self.queue.get()]
+            size = len(jobs[0].prompts)
+            deadline = time.monotonic() + self.settings.max_wait_ms / 1000
+            while size < self.settings.micro_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), remaining)
+                except TimeoutError:
+                    break
+                jobs.append(job)
+                size += len(job.prompts)
+            await self._run(jobs)
+
+    async def _run(self, jobs: list[_Job]) -> None:
+        prompts = [p for j in jobs for p in j.prompts]
+        responses = [r for j in jobs for r in j.responses]
+        metadata = [m for j in jobs for m in j.metadata]
+        self.metrics.batch_size.labels(self.name).observe(len(prompts))
+        try:
+            rewards = await asyncio.to_thread(self.scorer.score, prompts, responses, metadata)
+            if len(rewards) != len(prompts):
+                raise RuntimeError(f"scorer returned {len(rewards)} rewards for {len(prompts)} samples")
+        except Exception as exc:
+            if len(jobs) == 1:
+                if not jobs[0].future.done():
+                    jobs[0].future.set_exception(exc)
+                return
+            for job in jobs:  # isolate the failing request: score each alone
+                await self._run([job])
+            return
+        offset = 0
+        for job in jobs:
+            n = len(job.prompts)
+            if not job.future.done():
+                job.future.set_result(list(rewards[offset : offset + n]))
+            offset += n
+
+
+@attrs.define
+class _Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    samples: Counter
+    batch_size: Histogram
+    latency: Histogram
+
+    @classmethod
+    def create(cls) -> _Metrics:
+        reg = CollectorRegistry()
+        return cls(
+            registry=reg,
+            requests=Counter("reward_requests_total", "scoring requests", ["scorer", "status"], registry=reg),
+            samples=Counter("reward_samples_total", "samples scored", ["scorer"], registry=reg),
+            batch_size=Histogram(
+                "reward_batch_size", "samples per scorer call", ["scorer"], registry=reg,
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            ),
+            latency=Histogram("reward_request_seconds", "request latency", ["scorer"], registry=reg),
+        )
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message})
+
+
+def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | None = None) -> FastAPI:
+    """The ASGI app hosting ``scorers`` by name."""
+    settings = settings or ServerSettings()
+    metrics = _Metrics.create()
+    batchers = {name: Batcher(name, s, settings, metrics) for name, s in scorers.items()}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        for b in batchers.values():
+            b.start()
+        yield
+        for b in batchers.values():
+            if b.task is not None:
+                b.task.cancel()
+
+    app = FastAPI(title="rl-reward-server", version=_version(), description=__doc__, lifespan=lifespan)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Any) -> Response:
+        if settings.token and request.url.path not in ("/health",):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+        if request.method == "POST":
+            if "application/json" not in request.headers.get("content-type", ""):
+                return _error(415, "the body must be JSON (Content-Type: application/json)")
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return _error(411, "a Content-Length header is required")
+            if int(length) > settings.max_body_bytes:
+                return _error(413, f"body of {length} bytes exceeds the limit of {settings.max_body_bytes}")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {err.get('msg')}")
+        return _error(422, "; ".join(problems))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> dict[str, Any]:
+        return {"ready": all(b.task is not None for b in batchers.values()), "scorers": sorted(batchers)}
+
+    @app.get("/v1/scorers")
+    async def list_scorers() -> dict[str, list[str]]:
+        return {"scorers": sorted(batchers)}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/score", response_model=ScoreResponse)
+    async def score(req: ScoreRequest) -> Any:
+        batcher = batchers.get(req.scorer)
+        if batcher is None:
+            return _error(404, f"unknown scorer {req.scorer!r}; hosted: {', '.join(sorted(batchers))}")
+        if len(req.prompts) > settings.max_batch_size:
+            return _error(413, f"{len(req.prompts)} samples exceed the maximum batch size of {settings.max_batch_size}")
+        start = time.perf_counter()
+        metadata = req.metadata or [{} for _ in req.prompts]
+        try:
+            rewards = await batcher.submit(req.prompts, req.responses, metadata)
+        except Exception as exc:
+            log.exception("scorer %s failed", req.scorer)
+            metrics.requests.labels(req.scorer, "error").inc()
+            status = 422 if type(exc).__name__ == "InputError" else 500
+            return _error(status, f"scorer {req.scorer!r} failed: {type(exc).__name__}: {exc}")
+        metrics.requests.labels(req.scorer, "ok").inc()
+        metrics.samples.labels(req.scorer).inc(len(rewards))
+        metrics.latency.labels(req.scorer).observe(time.perf_counter() - start)
+        return {"rewards": rewards}
+
+    return app
+
+
+def _version() -> str:
+    from rl_reward_server.__about__ import __version__
+
+    return __version__

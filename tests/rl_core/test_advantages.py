@@ -1,0 +1,58 @@
+"""Advantage estimators on a small reward matrix worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rl_core.advantages import group_advantages, kl_penalized_rewards, overlong_penalty
+
+REWARDS = torch.tensor(
+    [
+        [1.0, 0.0, 1.0, 0.0],  # mean 0.5
+        [2.0, 2.0, 2.0, 2.0],  # all equal: zero std
+        [1.0, 0.0, 5.0, 100.0],  # last sample masked: mean of (1, 0, 5) = 2
+        [3.0, 7.0, 7.0, 7.0],  # only the first is valid
+    ]
+)
+VALID = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+
+
+def test_mean_baseline():
+    adv = group_advantages(REWARDS, VALID, leave_one_out=False, normalize=False)
+    expected = [[0.5, -0.5, 0.5, -0.5], [0, 0, 0, 0], [-1, -2, 3, 0], [0, 0, 0, 0]]
+    assert adv.tolist() == expected
+
+
+def test_leave_one_out_baseline():
+    # group 0: b_i = (2 - r_i) / 3 -> [1/3, 2/3, 1/3, 2/3]; A = [2/3, -2/3, 2/3, -2/3]
+    # group 2: b_i = (6 - r_i) / 2 -> [2.5, 3, 0.5]; A = [-1.5, -3, 4.5], masked 0
+    adv = group_advantages(REWARDS, VALID, leave_one_out=True, normalize=False)
+    assert adv[0].tolist() == pytest.approx([2 / 3, -2 / 3, 2 / 3, -2 / 3])
+    assert adv[2].tolist() == pytest.approx([-1.5, -3.0, 4.5, 0.0])
+    assert adv[1].tolist() == [0, 0, 0, 0] and adv[3].tolist() == [0, 0, 0, 0]
+
+
+def test_std_normalisation_with_masked_and_degenerate_groups():
+    # group 0: unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3); 0.5 / sqrt(1/3) = 0.8660...
+    # group 2: std = sqrt((1 + 4 + 9) / 2) = sqrt(7)
+    adv = group_advantages(REWARDS, VALID, leave_one_out=False, normalize=True, eps=0.0)
+    assert adv[0].tolist() == pytest.approx([0.5 / math.sqrt(1 / 3), -0.5 / math.sqrt(1 / 3)] * 2)
+    assert adv[2].tolist() == pytest.approx([-1 / math.sqrt(7), -2 / math.sqrt(7), 3 / math.sqrt(7), 0.0])
+    assert not torch.isnan(adv).any()
+    assert adv[1].tolist() == [0, 0, 0, 0] and adv[3].tolist() == [0, 0, 0, 0]
+
+
+def test_kl_penalized_rewards():
+    # r - beta * sum_t m (logp - ref): 1 - 0.1 * ((-1 + 2) + (-1 + 1.5)) = 1 - 0.15
+    out = kl_penalized_rewards(
+        torch.tensor([1.0]), torch.tensor([[-1.0, -1.0, -9.0]]), torch.tensor([[-2.0, -1.5, 0.0]]),
+        torch.tensor([[1.0, 1.0, 0.0]]), 0.1,
+    )
+    assert out.tolist() == pytest.approx([0.85])
+
+
+def test_overlong_penalty():
+    # max 10, buffer 4: no penalty up to 6; 8 -> -0.5 * 1; 10 and beyond -> -1
+    out = overlong_penalty(torch.tensor([3, 6, 8, 10, 12]), max_length=10, buffer=4, penalty=1.0)
+    assert out.tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]

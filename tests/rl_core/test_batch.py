@@ -1,0 +1,68 @@
+"""Batch helpers: sharding, micro-batching, packing, padding."""
+
+import pytest
+import torch
+
+from rl_core import batch as B
+
+
+def make(rows):
+    ids, attn = B.pad_rows(rows, pad_id=0)
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": attn.float(), "row": torch.arange(len(rows))}
+
+
+def test_pad_rows():
+    ids, attn = B.pad_rows([[5, 6, 7], [8]], pad_id=1)
+    assert ids.tolist() == [[5, 6, 7], [8, 1, 1]]
+    assert attn.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_split_keeps_groups_and_order():
+    b = make([[1]] * 8)
+    parts = B.split(b, 2, group_size=2)
+    assert [p["row"].tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="whole groups"):
+        B.split(make([[1]] * 6), 2, group_size=2)
+
+
+def test_micro_batches_last_shorter():
+    parts = B.micro_batches(make([[1]] * 5), 2)
+    assert [p["row"].tolist() for p in parts] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="multiple of the loss's group size"):
+        B.micro_batches(make([[1]] * 4), 3, group_size=2)
+
+
+def test_token_budget_micro_batches():
+    # lengths 2, 2, 4, 1: budget 4 -> [0,1] (2x2), [2] (1x4), [3] (1x1); each trimmed to its longest row
+    parts = B.token_budget_micro_batches(make([[1, 1], [1, 1], [1, 1, 1, 1], [1]]), max_tokens=4)
+    assert [p["row"].tolist() for p in parts] == [[0, 1], [2], [3]]
+    assert [p["input_ids"].shape[1] for p in parts] == [2, 4, 1]
+
+
+def test_pack_unpack_roundtrip():
+    b = make([[3, 4, 5], [6]])
+    ids, pos, lengths = B.pack(b["input_ids"], b["attention_mask"])
+    assert ids.tolist() == [[3, 4, 5, 6]] and pos.tolist() == [[0, 1, 2, 0]] and lengths == [3, 1]
+    assert B.unpack(ids.float(), lengths, 3).tolist() == [[3, 4, 5], [6, 0, 0]]
+
+
+def test_pad_to_multiple_adds_inert_rows():
+    padded, rows = B.pad_to_multiple(make([[1, 2], [3, 4], [5, 6]]), 4)
+    assert rows == 3 and B.num_rows(padded) == 4
+    assert padded["loss_mask"][3].sum() == 0 and padded["attention_mask"][3].tolist() == [1, 0]
+
+
+def test_concat_pads_to_widest():
+    out = B.concat([make([[1]]), make([[1, 2, 3]])])
+    assert out["input_ids"].shape == (2, 3)
+
+
+def test_token_logprobs_alignment():
+    # logits favour token 2 everywhere; position t holds log p(x_t | x_<t), position 0 holds 0
+    logits = torch.zeros((1, 3, 4))
+    logits[..., 2] = 10.0
+    ids = torch.tensor([[0, 2, 1]])
+    lp = B.token_logprobs(logits, ids)
+    expected_hit = torch.log_softmax(logits[0, 0], -1)[2]
+    expected_miss = torch.log_softmax(logits[0, 1], -1)[1]
+    assert lp[0, 0] == 0 and torch.isclose(lp[0, 1], expected_hit) and torch.isclose(lp[0, 2], expected_miss)

@@ -1,0 +1,183 @@
+"""Losses against values worked out by hand (see the comments), never by calling the code under test."""
+
+import math
+
+import pytest
+import torch
+
+from rl_core.config import LossConfig
+from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
+
+
+def pg_batch(ratios, advantages, prev=None, **extra):
+    ratios = torch.tensor([ratios], dtype=torch.float64)
+    prev = torch.zeros_like(ratios) if prev is None else torch.tensor([prev], dtype=torch.float64)
+    batch = {
+        "input_ids": torch.zeros(ratios.shape, dtype=torch.long),
+        "attention_mask": torch.ones(ratios.shape, dtype=torch.long),
+        "loss_mask": torch.ones(ratios.shape),
+        "advantages": torch.tensor([advantages], dtype=torch.float64),
+        "prev_logprobs": prev,
+        **extra,
+    }
+    return batch, prev + torch.log(ratios)
+
+
+def test_clipping_active_on_both_sides_with_clip_higher():
+    # eps_lo = 0.2, eps_hi = 0.28: clip range [0.8, 1.28]
+    # t0: r=0.5, A=+1: max(-0.5, -0.8)  = -0.5  (no clip for A>0 below)
+    # t1: r=1.5, A=+1: max(-1.5, -1.28) = -1.28 (upper clip active)
+    # t2: r=0.5, A=-1: max(0.5, 0.8)    = 0.8   (lower clip active)
+    # t3: r=1.5, A=-1: max(1.5, 1.28)   = 1.5   (no clip for A<0 above)
+    batch, logprobs = pg_batch([0.5, 1.5, 0.5, 1.5], [1.0, 1.0, -1.0, -1.0])
+    loss_fn = ClippedPGLoss(cfg=LossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28))
+    loss, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))
+    assert float(loss) == pytest.approx((-0.5 - 1.28 + 0.8 + 1.5) / 4)
+    assert float(metrics["clip_fraction"]) == pytest.approx(2 / 4)
+
+
+def test_dual_clip_bounds_negative_advantages():
+    # r=5, A=-1: clipped PPO term max(5, 1.2) = 5; dual clip c=3 bounds it at -A*c = 3.
+    # r=5, A=+1: min(-5, -1.2) -> max(-5, -1.2) = -1.2; dual clip does not apply to A>0.
+    batch, logprobs = pg_batch([5.0, 5.0], [-1.0, 1.0])
+    loss_fn = ClippedPGLoss(cfg=LossConfig(ratio_clip_min=0.2, ratio_clip_max=0.2, ratio_clip_c=3.0))
+    loss, _ = loss_fn(batch, logprobs, 2.0)
+    assert float(loss) == pytest.approx((3.0 - 1.2) / 2)
+
+
+def test_disable_ppo_ratio_is_plain_reinforce():
+    # loss = -A * logp per token: logp = [-1, -2], A = [2, 2] -> (2 + 4) / 2 = 3
+    batch, _ = pg_batch([1.0, 1.0], [2.0, 2.0])
+    logprobs = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    loss_fn = ClippedPGLoss(cfg=LossConfig(disable_ppo_ratio=True))
+    loss, _ = loss_fn(batch, logprobs, 2.0)
+    assert float(loss.detach()) == pytest.approx(3.0)
+    loss.backward()
+    assert logprobs.grad.tolist() == [[-1.0, -1.0]]  # d/dlogp of -A*logp/2
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("k1", 0.5), ("k2", 0.125), ("k3", math.exp(-0.5) + 0.5 - 1.0)],
+)
+def test_kl_estimators(kind, expected):
+    # log pi = -1, log pi_ref = -1.5: r = log pi_ref - log pi = -0.5
+    # k1 = -r = 0.5; k2 = r^2/2 = 0.125; k3 = e^r - r - 1
+    kl = kl_estimate(torch.tensor([-1.0]), torch.tensor([-1.5]), kind)
+    assert float(kl) == pytest.approx(expected)
+
+
+def test_kl_input_and_output_clamping():
+    # r = -0.5 clamped to -0.3 -> k1 = 0.3; then k1 = 0.3 clamped to 0.1
+    assert float(kl_estimate(torch.tensor([-1.0]), torch.tensor([-1.5]), "k1", input_clamp=0.3)) == pytest.approx(0.3)
+    assert float(kl_estimate(torch.tensor([-1.0]), torch.tensor([-1.5]), "k1", 0.3, 0.1)) == pytest.approx(0.1)
+    # k3 with r = +4 clamped to 2: e^2 - 2 - 1
+    assert float(kl_estimate(torch.tensor([-5.0]), torch.tensor([-1.0]), "k3", 2.0)) == pytest.approx(math.exp(2) - 3)
+
+
+def test_kl_penalty_term_in_loss():
+    # A = 0 so only beta * k1 remains: logp = -1, ref = -1.5 -> k1 = 0.5; beta = 0.2 -> 0.1
+    batch, logprobs = pg_batch([1.0], [0.0], reference_logprobs=torch.tensor([[-1.5]], dtype=torch.float64))
+    batch["prev_logprobs"] = torch.tensor([[-1.0]], dtype=torch.float64)
+    logprobs = torch.tensor([[-1.0]], dtype=torch.float64)
+    cfg = LossConfig(reference_policy_kl_penalty=0.2, reference_policy_kl_type="k1")
+    loss, metrics = ClippedPGLoss(cfg=cfg)(batch, logprobs, 1.0)
+    assert float(loss) == pytest.approx(0.1)
+    assert float(metrics["kl"]) == pytest.approx(0.5)
+
+
+def test_importance_weights_truncated_and_applied_to_pg_and_kl():
+    # prev = 0, generation logprob = -log 4: w = exp(0 + log 4) = 4, truncated (TIS) to 2.
+    # ratio 1, A = 1: pg = -1; k1 with ref = -1 (logp = 0): k1 = 1, beta 0.5 -> 0.5
+    # loss = w * (pg + beta * kl) = 2 * (-1 + 0.5) = -1
+    batch, logprobs = pg_batch(
+        [1.0],
+        [1.0],
+        generation_logprobs=torch.tensor([[-math.log(4.0)]], dtype=torch.float64),
+        reference_logprobs=torch.tensor([[-1.0]], dtype=torch.float64),
+    )
+    cfg = LossConfig(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=2.0,
+        reference_policy_kl_penalty=0.5,
+        reference_policy_kl_type="k1",
+    )
+    loss, _ = ClippedPGLoss(cfg=cfg)(batch, logprobs, 1.0)
+    assert float(loss) == pytest.approx(-1.0)
+
+
+def test_on_policy_kl_approximation_weights_kl_by_ratio():
+    # ratio = 2 (logp = log 2, prev = 0), A = 0; ref = log 2 - 1 -> k1 = 1; weighted by ratio 2; beta 1 -> 2
+    batch, logprobs = pg_batch([2.0], [0.0])
+    batch["reference_logprobs"] = logprobs - 1.0
+    cfg = LossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type="k1", use_on_policy_kl_approximation=True)
+    loss, _ = ClippedPGLoss(cfg=cfg)(batch, logprobs, 1.0)
+    assert float(loss) == pytest.approx(2.0)
+
+
+def test_token_level_vs_sequence_level_normalisation():
+    # Plain REINFORCE per-token loss = -A * logp with logp = -1: the loss per token is A.
+    # row 0: one valid token, A = 1; row 1: three valid tokens, A = 3.
+    # token level: (1 + 3 + 3 + 3) / 4 tokens = 2.5; sequence level: (1 + 3) / 2 sequences = 2
+    batch = {
+        "input_ids": torch.zeros((2, 3), dtype=torch.long),
+        "attention_mask": torch.ones((2, 3), dtype=torch.long),
+        "loss_mask": torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]),
+        "advantages": torch.tensor([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]]),
+    }
+    logprobs = -torch.ones((2, 3))
+    for token_level, expected, count in ((True, 2.5, 4.0), (False, 2.0, 2.0)):
+        fn = ClippedPGLoss(cfg=LossConfig(disable_ppo_ratio=True, token_level_loss=token_level))
+        assert fn.count(batch) == count
+        loss, _ = fn(batch, logprobs, fn.count(batch))
+        assert float(loss) == pytest.approx(expected)
+
+
+def test_sample_mask_drops_rows():
+    batch = {
+        "input_ids": torch.zeros((2, 1), dtype=torch.long),
+        "attention_mask": torch.ones((2, 1), dtype=torch.long),
+        "loss_mask": torch.ones((2, 1)),
+        "advantages": torch.tensor([[1.0], [5.0]]),
+        "sample_mask": torch.tensor([1.0, 0.0]),
+    }
+    fn = ClippedPGLoss(cfg=LossConfig(disable_ppo_ratio=True))
+    assert fn.count(batch) == 1.0
+    loss, _ = fn(batch, -torch.ones((2, 1)), 1.0)
+    assert float(loss) == pytest.approx(1.0)
+
+
+def test_nll():
+    # -(-1 - 3) / 2 tokens = 2 (the masked -100 does not count)
+    batch = {"input_ids": torch.zeros((1, 3), dtype=torch.long), "loss_mask": torch.tensor([[0.0, 1.0, 1.0]])}
+    logprobs = torch.tensor([[-100.0, -1.0, -3.0]])
+    fn = NLLLoss()
+    loss, _ = fn(batch, logprobs, fn.count(batch))
+    assert float(loss) == pytest.approx(2.0)
+
+
+def test_dpo_loss_and_metrics():
+    # chosen: seq logp -2 (ref -2.5); rejected: -3 (ref -2.5); beta 0.5
+    # z = 0.5 * ((-2 + 2.5) - (-3 + 2.5)) = 0.5; loss = -log sigmoid(0.5) = log(1 + e^-0.5)
+    batch = {
+        "input_ids": torch.zeros((2, 2), dtype=torch.long),
+        "loss_mask": torch.ones((2, 2)),
+        "reference_logprobs": torch.tensor([[-1.0, -1.5], [-2.0, -0.5]]),
+    }
+    logprobs = torch.tensor([[-1.0, -1.0], [-1.0, -2.0]])
+    fn = DPOLoss(beta=0.5)
+    assert fn.count(batch) == 1
+    loss, metrics = fn(batch, logprobs, 1.0)
+    assert float(loss) == pytest.approx(math.log1p(math.exp(-0.5)))
+    assert float(metrics["accuracy"]) == 1.0
+    assert float(metrics["margin"]) == pytest.approx(1.0)
+
+
+def test_dpo_reference_free_average_and_sft_term():
+    # reference free, averaged logprobs: chosen mean -1, rejected mean -1.5 -> z = 1 * (-1 + 1.5) = 0.5
+    # sft term: weight 0.1 * chosen mean NLL 1.0 = 0.1
+    batch = {"input_ids": torch.zeros((2, 2), dtype=torch.long), "loss_mask": torch.ones((2, 2))}
+    logprobs = torch.tensor([[-1.0, -1.0], [-1.0, -2.0]])
+    fn = DPOLoss(beta=1.0, reference_free=True, average_log_probs=True, sft_loss_weight=0.1)
+    loss, _ = fn(batch, logprobs, 1.0)
+    assert float(loss) == pytest.approx(math.log1p(math.exp(-0.5)) + 0.1)

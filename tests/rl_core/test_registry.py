@@ -1,0 +1,72 @@
+"""The registry itself: duplicates, broken plugins, selection by priority. Fake plugins are fine here: the
+registry's own logic is under test (the real third-party discovery is in test_third_party_plugin.py)."""
+
+import attrs
+import pytest
+
+from rl_core.errors import PluginError
+from rl_core.hookspecs import hookimpl
+from rl_core.registry import Registry
+from rl_core.specs import TrainingBackendSpec
+
+
+@attrs.frozen(kw_only=True)
+class Section:
+    enabled: bool = False
+
+
+def backend_plugin(name: str, priority: int, key: str):
+    class Plugin:
+        @hookimpl
+        def rl_training_backends(self):
+            return [TrainingBackendSpec(name=name, priority=priority, config_key=key, config_class=Section, factory=object)]
+
+    return Plugin()
+
+
+class Broken:
+    @hookimpl
+    def rl_training_backends(self):
+        raise RuntimeError("boom at registration")
+
+
+def test_duplicate_names_are_an_error_naming_both():
+    with pytest.raises(PluginError, match=r"'x' is registered twice: by a 0 \(plugin 'a'\) and by b 0 \(plugin 'b'\)"):
+        Registry.discover(entry_points=False, extra=[("a", backend_plugin("x", 1, "p.a")), ("b", backend_plugin("x", 2, "p.b"))])
+
+
+def test_plugin_failing_at_registration_is_skipped_and_reported():
+    reg = Registry.discover(entry_points=False, extra=[("bad", Broken()), ("good", backend_plugin("g", 5, "p.g"))])
+    assert reg.plugins["bad"].status == "failed" and "boom" in reg.plugins["bad"].error
+    assert "g" in reg.specs("training_backend")
+    with pytest.raises(PluginError, match="failed to import: RuntimeError"):
+        reg.get("training_backend", "bad")
+
+
+def test_selection_by_priority_and_explicit_override():
+    reg = Registry.discover(entry_points=False, extra=[("lo", backend_plugin("lo", 100, "p.lo")), ("hi", backend_plugin("hi", 200, "p.hi"))])
+    chosen = reg.select("training_backend", explicit=None, enabled={"lo": True, "hi": True}, selector_key="policy.backend")
+    assert chosen.describe() == "training backend: hi (priority 200; also enabled: lo 100)"
+    only_lo = reg.select("training_backend", explicit=None, enabled={"lo": True, "hi": False}, selector_key="policy.backend")
+    assert only_lo.chosen.name == "lo" and not only_lo.runners_up
+    named = reg.select("training_backend", explicit="lo", enabled={"lo": True, "hi": True}, selector_key="policy.backend")
+    assert named.chosen.name == "lo" and "named by policy.backend" in named.describe()
+    with pytest.raises(PluginError, match="no training backend is enabled"):
+        reg.select("training_backend", explicit=None, enabled={"lo": False, "hi": False}, selector_key="policy.backend")
+    with pytest.raises(PluginError, match="no training backend named 'nope'"):
+        reg.select("training_backend", explicit="nope", enabled={}, selector_key="policy.backend")
+
+
+def test_builtins_register_through_the_same_hooks():
+    reg = Registry.discover(entry_points=False)
+    assert {"grpo", "reinforce", "sft", "dpo"} <= set(reg.specs("algorithm"))
+    assert {"exact_match", "number_match", "regex"} <= set(reg.specs("reward_source"))
+    assert reg.owner("algorithm", "grpo").name == "core"
+
+
+def test_disabled_plugins_are_named_in_errors(monkeypatch):
+    monkeypatch.setenv("RL_CORE_DISABLE_PLUGINS", "megatron,dtensor")
+    reg = Registry.discover()
+    assert reg.plugins["megatron"].status == "disabled"
+    with pytest.raises(PluginError, match="disabled by RL_CORE_DISABLE_PLUGINS"):
+        reg.get("training_backend", "megatron")
