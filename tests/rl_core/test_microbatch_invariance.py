@@ -45,7 +45,7 @@ def loss_and_grads(model, loss_fn, batch, ranks: int, micro: int):
             logprobs = B.token_logprobs(model(mb["input_ids"]), mb["input_ids"]) * mb["attention_mask"]
             loss, _ = loss_fn(mb, logprobs, normalizer)
             loss.backward()  # gradients of all micro-batches and ranks add up (as an all-reduce sum would)
-            total += float(loss)
+            total += float(loss.detach())
     return total, [p.grad.clone() for p in model.parameters()]
 
 

@@ -90,6 +90,19 @@ class WorkerGroup:
             ).remote(**make_args(rank))
             for rank in range(size)
         ]
+        self._wait_started()
+
+    def _wait_started(self) -> None:
+        """Wait until every worker's constructor ran; a failure names the worker and the original error."""
+        import ray
+        from ray.exceptions import RayError
+
+        for rank, actor in enumerate(self.actors):
+            try:
+                ray.get(actor.__ray_ready__.remote())
+            except RayError as exc:
+                self.shutdown()
+                raise WorkerDiedError(f"worker {self.name}[{rank}] failed to start: {_root_cause(exc)}") from None
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker with the same arguments; wait for all."""
@@ -110,8 +123,6 @@ class WorkerGroup:
             raise WorkerDiedError(self._describe_death(exc)) from exc
 
     def _describe_death(self, exc: BaseException) -> str:
-        import ray
-
         lines = [f"a worker of group {self.name!r} died: {type(exc).__name__}"]
         actor_id = getattr(exc, "actor_id", None)
         for rank, actor in enumerate(self.actors):
@@ -125,9 +136,8 @@ class WorkerGroup:
                 lines.append(f"  worker {self.name}[{rank}] on node {node}")
             except Exception:  # state API unavailable (no dashboard): name the rank only
                 lines.append(f"  worker {self.name}[{rank}]")
-        lines.append(f"  cause: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}")
+        lines.append(f"  cause: {_root_cause(exc)}")
         lines.append("  resume the run from its last checkpoint with the same command")
-        del ray
         return "\n".join(lines)
 
     def shutdown(self) -> None:
@@ -137,3 +147,13 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The most specific line of a Ray error: the last ``SomeError: message`` line of the remote traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return line
+    return lines[-1] if lines else repr(exc)

@@ -104,14 +104,13 @@ def generate_and_score(ctx: RunContext, examples: Sequence[Example], params: Sam
     return ScoredRollouts(examples=list(examples), rollouts=rollouts, rewards=rewards, metrics=parts)
 
 
-def rollout_batch(ctx: RunContext, rollouts: Sequence[Rollout]) -> Batch:
-    """Token batch of prompt + response rows: ``loss_mask`` on the response, the engine's logprobs aligned."""
+def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> Batch:
+    """Token batch of prompt + response rows (cut at ``limit`` tokens): ``loss_mask`` on the response, the
+    engine's logprobs aligned as ``generation_logprobs``."""
     import torch
 
-    limit = ctx.config.policy.max_total_sequence_length
-    rows = [list(r.prompt_token_ids) + list(r.token_ids) for r in rollouts]
-    rows = [row[:limit] for row in rows]
-    ids, attn = pad_rows(rows, ctx.tokenizer.pad_token_id)
+    rows = [(list(r.prompt_token_ids) + list(r.token_ids))[:limit] for r in rollouts]
+    ids, attn = pad_rows(rows, pad_id)
     loss_mask = torch.zeros(ids.shape, dtype=torch.float32)
     gen_logprobs = torch.zeros(ids.shape, dtype=torch.float32)
     for i, r in enumerate(rollouts):

@@ -92,7 +92,7 @@ def grpo_step(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, loss_fn: 
         rewards, valid, leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
     )  # [P, G]
 
-    batch = rollout_batch(ctx, scored.rollouts)
+    batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
     batch["sample_mask"] = valid.view(-1).float()  # [B]
     lcfg = ctx.config.loss_fn

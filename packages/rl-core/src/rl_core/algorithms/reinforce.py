@@ -78,7 +78,7 @@ def reinforce_step(
     G = cfg.num_rollout_samples
     scored = generate_and_score(ctx, sampler.next(), sampling(ctx, G, seed=ctx.config.seed * 100_003 + step), phases)
     gen_seconds = time.perf_counter() - start
-    batch = rollout_batch(ctx, scored.rollouts)
+    batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     with phases("logprobs"):
         logprobs = ctx.backend.logprobs(batch)
     with phases("reference_logprobs"):

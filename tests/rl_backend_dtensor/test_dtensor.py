@@ -1,0 +1,145 @@
+"""The FSDP2 backend for real: Ray actors, gloo, a tiny Qwen2 model."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_core import batch as B
+from rl_core.config import LossConfig, load_config
+from rl_core.errors import InputError
+from rl_core.losses import ClippedPGLoss, NLLLoss
+from rl_core.testing.conformance import check_training_backend, sample_batch
+from rl_core.weights import from_shared
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def make_backend(rl_registry, model: Path, tmp_path: Path, *overrides: str):
+    from rl_backend_dtensor.backend import DTensorBackend
+
+    cfg = load_config(None, [
+        f"run_dir={tmp_path}", f"policy.model_name={model}", "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4", "policy.optimizer.lr=1e-4",
+        "policy.max_grad_norm=1.0", "policy.max_total_sequence_length=64", *overrides,
+    ], rl_registry)
+    return DTensorBackend(cfg, cfg.section("policy.dtensor_cfg"))
+
+
+def pg_batch(tokenizer) -> B.Batch:
+    batch = B.concat([sample_batch(tokenizer, response=r) for r in (" 7 and 8", " 12", " nine", " 1 2 3 4 5")])
+    assert B.num_rows(batch) == 12
+    batch = B.select(batch, slice(0, 8))
+    g = torch.Generator().manual_seed(0)
+    batch["advantages"] = torch.randn(8, 1, generator=g) * batch["loss_mask"]
+    return batch
+
+
+def weights(backend) -> dict[str, torch.Tensor]:
+    import ray
+
+    (ref,) = backend.weights_for_refit()
+    return {k: v.clone() for k, v in from_shared(ray.get(ref))}
+
+
+def train_steps(backend, batch, steps=3):
+    loss_fn = ClippedPGLoss(cfg=LossConfig())
+    for _ in range(steps):
+        backend.train(batch, loss_fn)
+    return weights(backend)
+
+
+def assert_same(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= atol, f"largest parameter difference {worst:.2e} > {atol}"
+
+
+def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    batch = pg_batch(tokenizer)
+    runs = {}
+    for name, extra in {"1 rank mb4": [], "2 ranks mb4": ["policy.num_workers=2"], "1 rank mb1": ["policy.train_micro_batch_size=1"]}.items():
+        backend = make_backend(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), *extra)
+        try:
+            runs[name] = train_steps(backend, batch)
+        finally:
+            backend.shutdown()
+    initial = {k: v for k, v in from_shared(_initial_arrays(tiny_model_path))}
+    assert max(float((runs["1 rank mb4"][k] - initial[k]).abs().max()) for k in initial) > 1e-4, "training moved nothing"
+    assert_same(runs["2 ranks mb4"], runs["1 rank mb4"])
+    assert_same(runs["1 rank mb1"], runs["1 rank mb4"])
+
+
+def _initial_arrays(path: Path):
+    from safetensors.numpy import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_logprobs_match_hugging_face(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path, packing):
+    from transformers import AutoModelForCausalLM
+
+    batch = pg_batch(tokenizer)
+    backend = make_backend(rl_registry, tiny_model_path, tmp_path, f"policy.dtensor_cfg.sequence_packing={packing}", "policy.num_workers=2")
+    try:
+        ours = backend.logprobs(batch)
+    finally:
+        backend.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        hf = B.token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"])
+    hf = hf * batch["attention_mask"]
+    assert float((ours - hf).abs().max()) < 1e-5
+
+
+def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    batch = pg_batch(tokenizer)
+    two = make_backend(rl_registry, tiny_model_path, tmp_path / "two", "policy.num_workers=2",
+                       "policy.scheduler.name=cosine", "policy.scheduler.total_steps=10", "policy.scheduler.warmup_steps=1")
+    try:
+        train_steps(two, batch, steps=2)
+        two.save_checkpoint(tmp_path / "ckpt")
+        uninterrupted = train_steps(two, batch, steps=1)
+    finally:
+        two.shutdown()
+    one = make_backend(rl_registry, tiny_model_path, tmp_path / "one",
+                       "policy.scheduler.name=cosine", "policy.scheduler.total_steps=10", "policy.scheduler.warmup_steps=1")
+    try:
+        one.load_checkpoint(tmp_path / "ckpt")
+        resumed = train_steps(one, batch, steps=1)
+    finally:
+        one.shutdown()
+    assert_same(resumed, uninterrupted)
+
+
+def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    backend = make_backend(rl_registry, tiny_model_path, tmp_path / "run", "policy.dtensor_cfg.activation_checkpointing=true")
+    try:
+        check_training_backend(backend, tokenizer, tmp_path)
+    finally:
+        backend.shutdown()
+
+
+def test_bad_inputs_are_clear_errors(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        make_backend(rl_registry, tmp_path / "missing", tmp_path)
+    from transformers import AutoConfig
+
+    not_causal = tmp_path / "t5"
+    AutoConfig.for_model("t5", d_model=8, num_layers=1).save_pretrained(not_causal)
+    with pytest.raises(InputError, match="not a causal language model"):
+        make_backend(rl_registry, not_causal, tmp_path)
+    backend = make_backend(rl_registry, tiny_model_path, tmp_path, "policy.max_total_sequence_length=8")
+    try:
+        with pytest.raises(InputError, match="more than policy.max_total_sequence_length"):
+            backend.train(sample_batch(tokenizer), NLLLoss())
+    finally:
+        backend.shutdown()

@@ -1,0 +1,83 @@
+"""The rl-core command line, run as users run it (a subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def rl_core(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rl_core.cli", *args],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120,
+    )
+
+
+def test_plugins_json_lists_the_four_plugins_with_kind_and_priority():
+    out = rl_core("plugins", "--json")
+    assert out.returncode == 0, out.stderr
+    report = {p["plugin"]: p for p in json.loads(out.stdout)}
+    expected = {
+        "dtensor": ("rl-backend-dtensor", "training_backend", 100),
+        "megatron": ("rl-backend-megatron", "training_backend", 200),
+        "vllm": ("rl-rollout-vllm", "rollout_engine", 100),
+        "reward_server": ("rl-reward-server", "reward_source", 0),
+    }
+    for plugin, (dist, kind, priority) in expected.items():
+        entry = report[plugin]
+        assert entry["distribution"] == dist and entry["version"] and entry["status"] == "loaded"
+        assert any(c["kind"] == kind and c["priority"] == priority for c in entry["components"]), entry
+
+
+def test_explain_selects_megatron_over_dtensor_and_the_override():
+    out = rl_core("plugins", "--explain", "policy.dtensor_cfg.enabled=True", "policy.megatron_cfg.enabled=True", "--json")
+    assert out.returncode == 0, out.stderr
+    backend = json.loads(out.stdout)["training_backend"]
+    assert backend["chosen"] == "megatron" and backend["runners_up"] == [{"name": "dtensor", "priority": 100}]
+    text = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True")
+    assert "training backend: megatron (priority 200; also enabled: dtensor 100)" in " ".join(text.stdout.split())
+    named = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True", "policy.backend=dtensor", "--json")
+    assert json.loads(named.stdout)["training_backend"]["chosen"] == "dtensor"
+
+
+def test_disabled_plugin_error_is_one_clear_message():
+    out = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True", env={"RL_CORE_DISABLE_PLUGINS": "megatron"})
+    assert out.returncode == 2
+    message = " ".join(out.stderr.split())
+    assert "plugin 'megatron'" in message and "disabled by RL_CORE_DISABLE_PLUGINS" in message
+    assert "Traceback" not in out.stderr
+
+
+def test_typo_error_and_debug_traceback():
+    out = rl_core("run", "grpo.num_prompt_per_step=3")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "did you mean 'grpo.num_prompts_per_step'" in " ".join(out.stderr.split())
+    debug = rl_core("--debug", "run", "grpo.num_prompt_per_step=3")
+    assert "Traceback" in debug.stderr
+
+
+def test_version_lists_every_package():
+    out = rl_core("--version")
+    for dist in ("rl-core", "rl-backend-dtensor", "rl-backend-megatron", "rl-rollout-vllm", "rl-reward-server"):
+        assert dist in out.stdout
+
+
+def test_plugin_subcommand_is_added():
+    out = rl_core("reward-server", "serve", "--help")
+    assert out.returncode == 0 and "--micro-batch-size" in out.stdout
+
+
+@pytest.mark.parametrize("missing", ["/nonexistent/config.yaml"])
+def test_missing_config_file(missing):
+    out = rl_core("run", missing)
+    assert out.returncode == 2 and "config file not found" in out.stderr
+
+
+def test_config_reference_covers_plugin_sections():
+    out = rl_core("config-reference")
+    assert out.returncode == 0
+    for key in ("`grpo.num_prompts_per_step`", "`policy.dtensor_cfg.sequence_packing`", "`loss_fn.ratio_clip_c`",
+                "`policy.megatron_cfg.tensor_model_parallel_size`"):
+        assert key in out.stdout

