@@ -1,0 +1,164 @@
+"""The reward server and its client, for real: uvicorn on loopback, httpx, math-verify, a tiny reward model."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from rl_core.errors import InputError
+from rl_core.testing.conformance import check_reward_source
+from rl_reward_server.client import RemoteConfig, RemoteRewardSource, RewardServerError
+from rl_reward_server.scorers import MathVerifyScorer, RewardModelConfig, RewardModelScorer
+
+pytestmark = pytest.mark.slow
+
+MATH = [  # (response, answer, equal?)
+    ("1/2", "0.5", True),
+    ("0.5", "\\frac{1}{2}", True),
+    ("The answer is $\\frac{1}{2}$.", "1/2", True),
+    ("\\boxed{\\frac12}", "0.5", True),
+    ("2/4", "1/2", True),
+    ("0.25", "1/2", False),
+    ("3", "2", False),
+    ("x = 4", "4", True),
+]
+
+
+@pytest.fixture(scope="module")
+def reward_model(tiny_model_path, tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("rm")
+    config = AutoConfig.from_pretrained(tiny_model_path, num_labels=1)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(path)
+    return path
+
+
+def test_math_verify_judges_equivalent_forms():
+    scorer = MathVerifyScorer()
+    rewards = scorer.score(["q"] * len(MATH), [r for r, _, _ in MATH], [{"answer": a} for _, a, _ in MATH])
+    assert rewards == [float(eq) for _, _, eq in MATH]
+    with pytest.raises(InputError, match="answer"):
+        scorer.score(["q"], ["1"], [{}])
+
+
+def test_reward_model_scores_are_the_same_over_http(start_server, reward_model):
+    prompts = ["Q: 3 + 4 = ? A:", "the answer is", "Sort the digits 9 1 4. Answer:"] * 5
+    responses = [" 7", " yes it is", " 149"] * 5
+    local = RewardModelScorer(RewardModelConfig(path=str(reward_model), inference_micro_batch_size=4))
+    expected = local.score(prompts, responses, [{}] * len(prompts))
+    assert len(set(expected)) > 1
+    server = start_server("--scorer", f"reward_model:path={reward_model},inference_micro_batch_size=4")
+    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="reward_model", batch_size=4))
+    assert remote.score(prompts, responses, [{}] * len(prompts)) == pytest.approx(expected, abs=1e-5)
+    check_reward_source(remote, prompts[:3], responses[:3], [{}] * 3)
+
+
+def test_math_over_http_and_conformance(start_server):
+    server = start_server("--scorer", "math_verify")
+    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="math_verify"))
+    check_reward_source(
+        remote, ["q"] * len(MATH), [r for r, _, _ in MATH], [{"answer": a} for _, a, _ in MATH],
+        expected=[float(eq) for _, _, eq in MATH],
+    )
+    check_reward_source(MathVerifyScorer(), ["q", "q"], ["1/2", "3"], [{"answer": "0.5"}, {"answer": "2"}], [1.0, 0.0])
+
+
+def test_two_thousand_requests_from_64_clients(start_server):
+    server = start_server("--scorer", "number_match", "--micro-batch-size", "64")
+    n = 2000
+
+    def expected(i: int) -> float:
+        return 1.0 if i % 3 else 0.0
+
+    async def one(client, sem, i):
+        async with sem:
+            body = {"scorer": "number_match", "prompts": [f"p{i}"], "responses": [str(i)],
+                    "metadata": [{"answer": str(i) if i % 3 else str(i + 1)}]}
+            reply = await client.post(f"{server.url}/v1/score", json=body)
+            assert reply.status_code == 200, reply.text
+            return i, reply.json()["rewards"]
+
+    async def run():
+        sem = asyncio.Semaphore(64)
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(one(client, sem, i) for i in range(n)))
+
+    results = asyncio.run(run())
+    assert len(results) == n
+    assert all(rewards == [expected(i)] for i, rewards in results)
+    metrics = httpx.get(f"{server.url}/metrics").text
+    count = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith('reward_batch_size_count{scorer="number_match"}')))
+    total = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith('reward_batch_size_sum{scorer="number_match"}')))
+    assert total == n and count < n / 2, f"{count} scorer calls for {n} requests: requests were not batched"
+
+
+def test_client_survives_a_server_restart(start_server):
+    server = start_server("--scorer", "math_verify")
+    n = 1000
+    responses = [f"{i}/2" for i in range(n)]
+    metadata = [{"answer": str(i / 2) if i % 2 else str(i)} for i in range(n)]
+    expected = [0.0 if i % 2 == 0 and i else 1.0 for i in range(n)]
+    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="math_verify", batch_size=2, max_retries=20, backoff_s=0.05, max_backoff_s=1.0))
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("rewards", remote.score(["q"] * n, responses, metadata)))
+    worker.start()
+    time.sleep(0.5)
+    assert worker.is_alive(), "scoring finished before the kill: make it longer"
+    server.kill()
+    time.sleep(1.0)
+    start_server("--scorer", "math_verify", port=server.port)
+    worker.join(timeout=300)
+    assert out["rewards"] == expected
+
+
+def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(start_server):
+    server = start_server("--scorer", "number_match", "--token", "s3cret", "--max-body-bytes", "2000", "--max-batch-size", "10")
+    url = f"{server.url}/v1/score"
+    auth = {"Authorization": "Bearer s3cret"}
+    good = {"scorer": "number_match", "prompts": ["p"], "responses": ["1"], "metadata": [{"answer": "1"}]}
+
+    def post(body=None, content=None, headers=None):
+        h = {**auth, **(headers or {})}
+        if content is not None:
+            return httpx.post(url, content=content, headers={"Content-Type": "application/json", **h})
+        return httpx.post(url, json=body, headers=h)
+
+    cases = {
+        "malformed json": (post(content=b"{not json"), 422, "JSON"),
+        "missing field": (post({"scorer": "number_match", "prompts": ["p"]}), 422, "responses"),
+        "wrong type": (post({**good, "prompts": "p"}), 422, "prompts"),
+        "empty lists": (post({**good, "prompts": [], "responses": []}), 422, "prompts"),
+        "length mismatch": (post({**good, "responses": ["1", "2"]}), 422, "same length"),
+        "unknown field": (post({**good, "extra": 1}), 422, "extra"),
+        "oversized body": (post({**good, "prompts": ["x" * 3000]}), 413, "exceeds"),
+        "too many samples": (post({**good, "prompts": ["p"] * 11, "responses": ["1"] * 11, "metadata": [{"answer": "1"}] * 11}), 413, "maximum batch size"),
+        "unknown scorer": (post({**good, "scorer": "nope"}), 404, "unknown scorer"),
+        "missing token": (httpx.post(url, json=good), 401, "bearer token"),
+        "wrong token": (httpx.post(url, json=good, headers={"Authorization": "Bearer nope"}), 401, "bearer token"),
+        "not json": (httpx.post(url, content=b"a=1", headers={**auth, "Content-Type": "text/plain"}), 415, "JSON"),
+    }
+    for name, (reply, status, words) in cases.items():
+        assert reply.status_code == status, f"{name}: {reply.status_code} {reply.text}"
+        assert words.lower() in reply.json()["error"].lower(), f"{name}: {reply.text}"
+    failing = post({**good, "metadata": [{"answer": "not a number"}]})
+    assert failing.status_code == 500 and "ValueError" in failing.json()["error"]
+    assert post(good).json() == {"rewards": [1.0]}
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/openapi.json", headers=auth).json()["paths"]["/v1/score"]
+
+
+def test_client_errors_are_clear():
+    with pytest.raises(ValueError, match=r"inference_micro_batch_size x replicas \(8 x 2 = 16\) must be <= rollout_micro_batch_size \(8\)"):
+        RemoteConfig(url="http://127.0.0.1:1", inference_micro_batch_size=8, replicas=2, rollout_micro_batch_size=8)
+    RemoteConfig(url="http://127.0.0.1:1", inference_micro_batch_size=4, replicas=2, rollout_micro_batch_size=8)
+    with pytest.raises(ValueError, match="address"):
+        RemoteConfig()
+    dead = RemoteRewardSource(RemoteConfig(url="http://127.0.0.1:9", max_retries=1, backoff_s=0.01))
+    with pytest.raises(RewardServerError, match="after 2 attempts"):
+        dead.score(["p"], ["1"], [{"answer": "1"}])
