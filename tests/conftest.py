@@ -1,8 +1,63 @@
-"""Shared test setup: caches (tiny models, vLLM/inductor compile caches) in the repository's .cache folder."""
+"""Shared test setup: caches (tiny models, vLLM/inductor compile caches) in the repository's .cache folder, and a
+real reward server in a subprocess on a free loopback port."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RL_CORE_CACHE", str(ROOT / ".cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args: list[str], port: int | None = None) -> None:
+        self.args, self.port = args, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        cmd = [sys.executable, "-m", "rl_reward_server.cli", "serve", "--port", str(self.port), *self.args]
+        self.proc = subprocess.Popen(cmd, env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not come up")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def start_server() -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def start(*args: str, port: int | None = None) -> Server:
+        server = Server(list(args), port).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.kill()

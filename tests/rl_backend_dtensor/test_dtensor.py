@@ -25,11 +25,21 @@ def tokenizer(tiny_model_path):
 def make_backend(rl_registry, model: Path, tmp_path: Path, *overrides: str):
     from rl_backend_dtensor.backend import DTensorBackend
 
-    cfg = load_config(None, [
-        f"run_dir={tmp_path}", f"policy.model_name={model}", "policy.train_global_batch_size=8",
-        "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4", "policy.optimizer.lr=1e-4",
-        "policy.max_grad_norm=1.0", "policy.max_total_sequence_length=64", *overrides,
-    ], rl_registry)
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"policy.model_name={model}",
+            "policy.train_global_batch_size=8",
+            "policy.train_micro_batch_size=4",
+            "policy.logprob_batch_size=4",
+            "policy.optimizer.lr=1e-4",
+            "policy.max_grad_norm=1.0",
+            "policy.max_total_sequence_length=64",
+            *overrides,
+        ],
+        rl_registry,
+    )
     return DTensorBackend(cfg, cfg.section("policy.dtensor_cfg"))
 
 
@@ -65,14 +75,20 @@ def assert_same(a, b, atol=1e-6):
 def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
     batch = pg_batch(tokenizer)
     runs = {}
-    for name, extra in {"1 rank mb4": [], "2 ranks mb4": ["policy.num_workers=2"], "1 rank mb1": ["policy.train_micro_batch_size=1"]}.items():
+    for name, extra in {
+        "1 rank mb4": [],
+        "2 ranks mb4": ["policy.num_workers=2"],
+        "1 rank mb1": ["policy.train_micro_batch_size=1"],
+    }.items():
         backend = make_backend(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), *extra)
         try:
             runs[name] = train_steps(backend, batch)
         finally:
             backend.shutdown()
     initial = {k: v for k, v in from_shared(_initial_arrays(tiny_model_path))}
-    assert max(float((runs["1 rank mb4"][k] - initial[k]).abs().max()) for k in initial) > 1e-4, "training moved nothing"
+    assert max(float((runs["1 rank mb4"][k] - initial[k]).abs().max()) for k in initial) > 1e-4, (
+        "training moved nothing"
+    )
     assert_same(runs["2 ranks mb4"], runs["1 rank mb4"])
     assert_same(runs["1 rank mb1"], runs["1 rank mb4"])
 
@@ -88,30 +104,47 @@ def test_logprobs_match_hugging_face(ray_session, rl_registry, tiny_model_path, 
     from transformers import AutoModelForCausalLM
 
     batch = pg_batch(tokenizer)
-    backend = make_backend(rl_registry, tiny_model_path, tmp_path, f"policy.dtensor_cfg.sequence_packing={packing}", "policy.num_workers=2")
+    backend = make_backend(
+        rl_registry, tiny_model_path, tmp_path, f"policy.dtensor_cfg.sequence_packing={packing}", "policy.num_workers=2"
+    )
     try:
         ours = backend.logprobs(batch)
     finally:
         backend.shutdown()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
-        hf = B.token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"])
+        hf = B.token_logprobs(
+            model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
+        )
     hf = hf * batch["attention_mask"]
     assert float((ours - hf).abs().max()) < 1e-5
 
 
 def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
     batch = pg_batch(tokenizer)
-    two = make_backend(rl_registry, tiny_model_path, tmp_path / "two", "policy.num_workers=2",
-                       "policy.scheduler.name=cosine", "policy.scheduler.total_steps=10", "policy.scheduler.warmup_steps=1")
+    two = make_backend(
+        rl_registry,
+        tiny_model_path,
+        tmp_path / "two",
+        "policy.num_workers=2",
+        "policy.scheduler.name=cosine",
+        "policy.scheduler.total_steps=10",
+        "policy.scheduler.warmup_steps=1",
+    )
     try:
         train_steps(two, batch, steps=2)
         two.save_checkpoint(tmp_path / "ckpt")
         uninterrupted = train_steps(two, batch, steps=1)
     finally:
         two.shutdown()
-    one = make_backend(rl_registry, tiny_model_path, tmp_path / "one",
-                       "policy.scheduler.name=cosine", "policy.scheduler.total_steps=10", "policy.scheduler.warmup_steps=1")
+    one = make_backend(
+        rl_registry,
+        tiny_model_path,
+        tmp_path / "one",
+        "policy.scheduler.name=cosine",
+        "policy.scheduler.total_steps=10",
+        "policy.scheduler.warmup_steps=1",
+    )
     try:
         one.load_checkpoint(tmp_path / "ckpt")
         resumed = train_steps(one, batch, steps=1)
@@ -121,7 +154,9 @@ def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path
 
 
 def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
-    backend = make_backend(rl_registry, tiny_model_path, tmp_path / "run", "policy.dtensor_cfg.activation_checkpointing=true")
+    backend = make_backend(
+        rl_registry, tiny_model_path, tmp_path / "run", "policy.dtensor_cfg.activation_checkpointing=true"
+    )
     try:
         check_training_backend(backend, tokenizer, tmp_path)
     finally:

@@ -46,8 +46,11 @@ def test_std_normalisation_with_masked_and_degenerate_groups():
 def test_kl_penalized_rewards():
     # r - beta * sum_t m (logp - ref): 1 - 0.1 * ((-1 + 2) + (-1 + 1.5)) = 1 - 0.15
     out = kl_penalized_rewards(
-        torch.tensor([1.0]), torch.tensor([[-1.0, -1.0, -9.0]]), torch.tensor([[-2.0, -1.5, 0.0]]),
-        torch.tensor([[1.0, 1.0, 0.0]]), 0.1,
+        torch.tensor([1.0]),
+        torch.tensor([[-1.0, -1.0, -9.0]]),
+        torch.tensor([[-2.0, -1.5, 0.0]]),
+        torch.tensor([[1.0, 1.0, 0.0]]),
+        0.1,
     )
     assert out.tolist() == pytest.approx([0.85])
 

@@ -11,7 +11,10 @@ import pytest
 def rl_core(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rl_core.cli", *args],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
     )
 
 
@@ -32,7 +35,9 @@ def test_plugins_json_lists_the_four_plugins_with_kind_and_priority():
 
 
 def test_explain_selects_megatron_over_dtensor_and_the_override():
-    out = rl_core("plugins", "--explain", "policy.dtensor_cfg.enabled=True", "policy.megatron_cfg.enabled=True", "--json")
+    out = rl_core(
+        "plugins", "--explain", "policy.dtensor_cfg.enabled=True", "policy.megatron_cfg.enabled=True", "--json"
+    )
     assert out.returncode == 0, out.stderr
     backend = json.loads(out.stdout)["training_backend"]
     assert backend["chosen"] == "megatron" and backend["runners_up"] == [{"name": "dtensor", "priority": 100}]
@@ -43,7 +48,9 @@ def test_explain_selects_megatron_over_dtensor_and_the_override():
 
 
 def test_disabled_plugin_error_is_one_clear_message():
-    out = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True", env={"RL_CORE_DISABLE_PLUGINS": "megatron"})
+    out = rl_core(
+        "plugins", "--explain", "policy.megatron_cfg.enabled=True", env={"RL_CORE_DISABLE_PLUGINS": "megatron"}
+    )
     assert out.returncode == 2
     message = " ".join(out.stderr.split())
     assert "plugin 'megatron'" in message and "disabled by RL_CORE_DISABLE_PLUGINS" in message
@@ -78,6 +85,10 @@ def test_missing_config_file(missing):
 def test_config_reference_covers_plugin_sections():
     out = rl_core("config-reference")
     assert out.returncode == 0
-    for key in ("`grpo.num_prompts_per_step`", "`policy.dtensor_cfg.sequence_packing`", "`loss_fn.ratio_clip_c`",
-                "`policy.megatron_cfg.tensor_model_parallel_size`"):
+    for key in (
+        "`grpo.num_prompts_per_step`",
+        "`policy.dtensor_cfg.sequence_packing`",
+        "`loss_fn.ratio_clip_c`",
+        "`policy.megatron_cfg.tensor_model_parallel_size`",
+    ):
         assert key in out.stdout

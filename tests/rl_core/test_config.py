@@ -15,11 +15,16 @@ def reg():
 
 
 def test_misspelt_key_names_the_key_and_suggests(reg):
-    with pytest.raises(ConfigError, match=r"unknown config key 'grpo.num_prompt_per_step'; did you mean 'grpo.num_prompts_per_step'\?"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'grpo.num_prompt_per_step'; did you mean 'grpo.num_prompts_per_step'\?"
+    ):
         load_config(None, ["grpo.num_prompt_per_step=4"], reg)
     with pytest.raises(ConfigError, match=r"'policy.dtensor_cgf'; did you mean 'policy.dtensor_cfg'"):
         load_config(None, ["policy.dtensor_cgf.enabled=true"], reg)
-    with pytest.raises(ConfigError, match=r"'policy.dtensor_cfg.activation_checkpoint'; did you mean 'policy.dtensor_cfg.activation_checkpointing'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'policy.dtensor_cfg.activation_checkpoint'; did you mean 'policy.dtensor_cfg.activation_checkpointing'",
+    ):
         load_config(None, ["policy.dtensor_cfg.activation_checkpoint=true"], reg)
 
 
@@ -36,7 +41,11 @@ def test_overrides_are_typed():
 
 
 def test_override_values_reach_the_classes(reg):
-    cfg = load_config(None, ["policy.optimizer.lr=1e-5", "policy.generation.stop_token_ids=[1, 2]", "policy.megatron_cfg.enabled=True"], reg)
+    cfg = load_config(
+        None,
+        ["policy.optimizer.lr=1e-5", "policy.generation.stop_token_ids=[1, 2]", "policy.megatron_cfg.enabled=True"],
+        reg,
+    )
     assert cfg.policy.optimizer.lr == 1e-5
     assert cfg.policy.generation.stop_token_ids == (1, 2)
     assert cfg.section("policy.megatron_cfg").enabled is True
@@ -74,7 +83,9 @@ def test_missing_model_and_unknown_reward_source(reg, tmp_path: Path):
 def test_enabled_section_of_a_disabled_plugin_is_an_error(monkeypatch):
     monkeypatch.setenv("RL_CORE_DISABLE_PLUGINS", "megatron")
     reg = Registry.discover()
-    with pytest.raises(ConfigError, match="policy.megatron_cfg.enabled is true, but .*disabled by RL_CORE_DISABLE_PLUGINS"):
+    with pytest.raises(
+        ConfigError, match="policy.megatron_cfg.enabled is true, but .*disabled by RL_CORE_DISABLE_PLUGINS"
+    ):
         load_config(None, ["policy.megatron_cfg.enabled=true"], reg)
 
 
@@ -89,7 +100,10 @@ def test_selection_from_config(reg):
     from rl_core.run import select_components
 
     both = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.dtensor_cfg.enabled=True"], reg)
-    assert select_components(both, reg).backend.describe() == "training backend: megatron (priority 200; also enabled: dtensor 100)"
+    assert (
+        select_components(both, reg).backend.describe()
+        == "training backend: megatron (priority 200; also enabled: dtensor 100)"
+    )
     named = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.backend=dtensor"], reg)
     assert select_components(named, reg).backend.chosen.name == "dtensor"
     none = load_config(None, ["policy.dtensor_cfg.enabled=False"], reg)

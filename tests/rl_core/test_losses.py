@@ -110,7 +110,9 @@ def test_on_policy_kl_approximation_weights_kl_by_ratio():
     # ratio = 2 (logp = log 2, prev = 0), A = 0; ref = log 2 - 1 -> k1 = 1; weighted by ratio 2; beta 1 -> 2
     batch, logprobs = pg_batch([2.0], [0.0])
     batch["reference_logprobs"] = logprobs - 1.0
-    cfg = LossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type="k1", use_on_policy_kl_approximation=True)
+    cfg = LossConfig(
+        reference_policy_kl_penalty=1.0, reference_policy_kl_type="k1", use_on_policy_kl_approximation=True
+    )
     loss, _ = ClippedPGLoss(cfg=cfg)(batch, logprobs, 1.0)
     assert float(loss) == pytest.approx(2.0)
 

@@ -19,7 +19,9 @@ def backend_plugin(name: str, priority: int, key: str):
     class Plugin:
         @hookimpl
         def rl_training_backends(self):
-            return [TrainingBackendSpec(name=name, priority=priority, config_key=key, config_class=Section, factory=object)]
+            return [
+                TrainingBackendSpec(name=name, priority=priority, config_key=key, config_class=Section, factory=object)
+            ]
 
     return Plugin()
 
@@ -32,7 +34,9 @@ class Broken:
 
 def test_duplicate_names_are_an_error_naming_both():
     with pytest.raises(PluginError, match=r"'x' is registered twice: by a 0 \(plugin 'a'\) and by b 0 \(plugin 'b'\)"):
-        Registry.discover(entry_points=False, extra=[("a", backend_plugin("x", 1, "p.a")), ("b", backend_plugin("x", 2, "p.b"))])
+        Registry.discover(
+            entry_points=False, extra=[("a", backend_plugin("x", 1, "p.a")), ("b", backend_plugin("x", 2, "p.b"))]
+        )
 
 
 def test_plugin_failing_at_registration_is_skipped_and_reported():
@@ -44,12 +48,20 @@ def test_plugin_failing_at_registration_is_skipped_and_reported():
 
 
 def test_selection_by_priority_and_explicit_override():
-    reg = Registry.discover(entry_points=False, extra=[("lo", backend_plugin("lo", 100, "p.lo")), ("hi", backend_plugin("hi", 200, "p.hi"))])
-    chosen = reg.select("training_backend", explicit=None, enabled={"lo": True, "hi": True}, selector_key="policy.backend")
+    reg = Registry.discover(
+        entry_points=False, extra=[("lo", backend_plugin("lo", 100, "p.lo")), ("hi", backend_plugin("hi", 200, "p.hi"))]
+    )
+    chosen = reg.select(
+        "training_backend", explicit=None, enabled={"lo": True, "hi": True}, selector_key="policy.backend"
+    )
     assert chosen.describe() == "training backend: hi (priority 200; also enabled: lo 100)"
-    only_lo = reg.select("training_backend", explicit=None, enabled={"lo": True, "hi": False}, selector_key="policy.backend")
+    only_lo = reg.select(
+        "training_backend", explicit=None, enabled={"lo": True, "hi": False}, selector_key="policy.backend"
+    )
     assert only_lo.chosen.name == "lo" and not only_lo.runners_up
-    named = reg.select("training_backend", explicit="lo", enabled={"lo": True, "hi": True}, selector_key="policy.backend")
+    named = reg.select(
+        "training_backend", explicit="lo", enabled={"lo": True, "hi": True}, selector_key="policy.backend"
+    )
     assert named.chosen.name == "lo" and "named by policy.backend" in named.describe()
     with pytest.raises(PluginError, match="no training backend is enabled"):
         reg.select("training_backend", explicit=None, enabled={"lo": False, "hi": False}, selector_key="policy.backend")

@@ -26,7 +26,7 @@ version = "9.9.9"
 packages = ["{module}"]
 """
 
-GOOD = '''
+GOOD = """
 import attrs
 from rl_core.hookspecs import hookimpl
 from rl_core.specs import TrainingBackendSpec
@@ -45,7 +45,7 @@ def factory(config, section):
 def rl_training_backends():
     return [TrainingBackendSpec(name="turbo", priority=300, config_key="policy.turbo_cfg",
                                 config_class=Section, factory=factory, package="rl-backend-turbo")]
-'''
+"""
 
 BROKEN = "raise ImportError('this plugin is broken on purpose')\n"
 
@@ -65,12 +65,15 @@ def test_third_party_plugin_is_discovered_and_selected(tmp_path: Path):
     broken = make_package(tmp_path, "rl-backend-broken", "broken", "rl_backend_broken", BROKEN)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(good), str(broken)],
-        check=True, timeout=600,
+        check=True,
+        timeout=600,
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=120
+        )
 
     listing = cli("plugins", "--json")
     assert listing.returncode == 0, listing.stderr

@@ -63,7 +63,10 @@ def test_math_over_http_and_conformance(start_server):
     server = start_server("--scorer", "math_verify")
     remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="math_verify"))
     check_reward_source(
-        remote, ["q"] * len(MATH), [r for r, _, _ in MATH], [{"answer": a} for _, a, _ in MATH],
+        remote,
+        ["q"] * len(MATH),
+        [r for r, _, _ in MATH],
+        [{"answer": a} for _, a, _ in MATH],
         expected=[float(eq) for _, _, eq in MATH],
     )
     check_reward_source(MathVerifyScorer(), ["q", "q"], ["1/2", "3"], [{"answer": "0.5"}, {"answer": "2"}], [1.0, 0.0])
@@ -78,8 +81,12 @@ def test_two_thousand_requests_from_64_clients(start_server):
 
     async def one(client, sem, i):
         async with sem:
-            body = {"scorer": "number_match", "prompts": [f"p{i}"], "responses": [str(i)],
-                    "metadata": [{"answer": str(i) if i % 3 else str(i + 1)}]}
+            body = {
+                "scorer": "number_match",
+                "prompts": [f"p{i}"],
+                "responses": [str(i)],
+                "metadata": [{"answer": str(i) if i % 3 else str(i + 1)}],
+            }
             reply = await client.post(f"{server.url}/v1/score", json=body)
             assert reply.status_code == 200, reply.text
             return i, reply.json()["rewards"]
@@ -92,9 +99,12 @@ def test_two_thousand_requests_from_64_clients(start_server):
     results = asyncio.run(run())
     assert len(results) == n
     assert all(rewards == [expected(i)] for i, rewards in results)
-    metrics = httpx.get(f"{server.url}/metrics").text
-    count = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith('reward_batch_size_count{scorer="number_match"}')))
-    total = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith('reward_batch_size_sum{scorer="number_match"}')))
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+
+    def metric(name: str) -> float:
+        return float(next(line.split()[-1] for line in lines if line.startswith(f'{name}{{scorer="number_match"}}')))
+
+    count, total = metric("reward_batch_size_count"), metric("reward_batch_size_sum")
     assert total == n and count < n / 2, f"{count} scorer calls for {n} requests: requests were not batched"
 
 
@@ -104,7 +114,11 @@ def test_client_survives_a_server_restart(start_server):
     responses = [f"{i}/2" for i in range(n)]
     metadata = [{"answer": str(i / 2) if i % 2 else str(i)} for i in range(n)]
     expected = [0.0 if i % 2 == 0 and i else 1.0 for i in range(n)]
-    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="math_verify", batch_size=2, max_retries=20, backoff_s=0.05, max_backoff_s=1.0))
+    remote = RemoteRewardSource(
+        RemoteConfig(
+            url=server.url, scorer="math_verify", batch_size=2, max_retries=20, backoff_s=0.05, max_backoff_s=1.0
+        )
+    )
     out: dict = {}
     worker = threading.Thread(target=lambda: out.setdefault("rewards", remote.score(["q"] * n, responses, metadata)))
     worker.start()
@@ -118,7 +132,9 @@ def test_client_survives_a_server_restart(start_server):
 
 
 def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(start_server):
-    server = start_server("--scorer", "number_match", "--token", "s3cret", "--max-body-bytes", "2000", "--max-batch-size", "10")
+    server = start_server(
+        "--scorer", "number_match", "--token", "s3cret", "--max-body-bytes", "2000", "--max-batch-size", "10"
+    )
     url = f"{server.url}/v1/score"
     auth = {"Authorization": "Bearer s3cret"}
     good = {"scorer": "number_match", "prompts": ["p"], "responses": ["1"], "metadata": [{"answer": "1"}]}
@@ -137,7 +153,11 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(start_server):
         "length mismatch": (post({**good, "responses": ["1", "2"]}), 422, "same length"),
         "unknown field": (post({**good, "extra": 1}), 422, "extra"),
         "oversized body": (post({**good, "prompts": ["x" * 3000]}), 413, "exceeds"),
-        "too many samples": (post({**good, "prompts": ["p"] * 11, "responses": ["1"] * 11, "metadata": [{"answer": "1"}] * 11}), 413, "maximum batch size"),
+        "too many samples": (
+            post({**good, "prompts": ["p"] * 11, "responses": ["1"] * 11, "metadata": [{"answer": "1"}] * 11}),
+            413,
+            "maximum batch size",
+        ),
         "unknown scorer": (post({**good, "scorer": "nope"}), 404, "unknown scorer"),
         "missing token": (httpx.post(url, json=good), 401, "bearer token"),
         "wrong token": (httpx.post(url, json=good, headers={"Authorization": "Bearer nope"}), 401, "bearer token"),
@@ -154,7 +174,10 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(start_server):
 
 
 def test_client_errors_are_clear():
-    with pytest.raises(ValueError, match=r"inference_micro_batch_size x replicas \(8 x 2 = 16\) must be <= rollout_micro_batch_size \(8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"inference_micro_batch_size x replicas \(8 x 2 = 16\) must be <= rollout_micro_batch_size \(8\)",
+    ):
         RemoteConfig(url="http://127.0.0.1:1", inference_micro_batch_size=8, replicas=2, rollout_micro_batch_size=8)
     RemoteConfig(url="http://127.0.0.1:1", inference_micro_batch_size=4, replicas=2, rollout_micro_batch_size=8)
     with pytest.raises(ValueError, match="address"):

@@ -18,11 +18,18 @@ PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 
 
 @pytest.fixture(scope="module")
 def config(rl_registry, tiny_model_path, tmp_path_factory):
-    return load_config(None, [
-        f"run_dir={tmp_path_factory.mktemp('run')}", f"policy.model_name={tiny_model_path}",
-        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=8", "policy.max_total_sequence_length=64",
-        "policy.optimizer.lr=1e-2",
-    ], rl_registry)
+    return load_config(
+        None,
+        [
+            f"run_dir={tmp_path_factory.mktemp('run')}",
+            f"policy.model_name={tiny_model_path}",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "policy.max_total_sequence_length=64",
+            "policy.optimizer.lr=1e-2",
+        ],
+        rl_registry,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_backend_dtensor.plugin import DTensorConfig
 from rl_core import batch as B
 from rl_core.cluster import WorkerGroup
 from rl_core.config import Config
 from rl_core.errors import InputError
 from rl_core.protocols import LossFunction
-
-from rl_backend_dtensor.plugin import DTensorConfig
 
 
 def check_model_folder(path: str, trust_remote_code: bool) -> None:
@@ -49,7 +48,12 @@ class DTensorBackend:
             DTensorWorker,
             self.world,
             lambda rank: dict(
-                rank=rank, world_size=self.world, model_path=policy.model_name, policy=policy, cfg=section, seed=config.seed
+                rank=rank,
+                world_size=self.world,
+                model_path=policy.model_name,
+                policy=policy,
+                cfg=section,
+                seed=config.seed,
             ),
             name="policy",
             placement=config.cluster.placement,

@@ -10,17 +10,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl_backend_dtensor.plugin import DTensorConfig
 from rl_core import batch as B
 from rl_core.config import PolicyConfig
 from rl_core.optim import make_optimizer, make_scheduler
 from rl_core.protocols import LossFunction
 from rl_core.weights import to_shared
 
-from rl_backend_dtensor.plugin import DTensorConfig
-
 
 class DTensorWorker:
-    def __init__(self, *, rank: int, world_size: int, model_path: str, policy: PolicyConfig, cfg: DTensorConfig, seed: int) -> None:
+    def __init__(
+        self, *, rank: int, world_size: int, model_path: str, policy: PolicyConfig, cfg: DTensorConfig, seed: int
+    ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.policy, self.cfg = model_path, policy, cfg
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // world_size)
@@ -50,7 +51,13 @@ class DTensorWorker:
         self.optimizer = make_optimizer(self.model.parameters(), self.policy.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.policy.scheduler)
         ip, node_id = node_address()
-        return {"rank": self.rank, "ip": ip, "node_id": node_id, "device": str(self.device), "threads": torch.get_num_threads()}
+        return {
+            "rank": self.rank,
+            "ip": ip,
+            "node_id": node_id,
+            "device": str(self.device),
+            "threads": torch.get_num_threads(),
+        }
 
     def _load_sharded(self, *, trainable: bool) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -171,7 +178,9 @@ class DTensorWorker:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         if self.rank == 0:
-            torch.save({"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()}, Path(path) / "extra.pt")
+            torch.save(
+                {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()}, Path(path) / "extra.pt"
+            )
         if self.world_size > 1:
             dist.barrier()
 

@@ -150,7 +150,6 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.T
 
 def unpack(values: torch.Tensor, lengths: Sequence[int], width: int) -> torch.Tensor:
     """Inverse of ``pack`` for a ``[1, N]`` per-token tensor: ``[B, width]``, zero-padded."""
-    import torch
 
     out = values.new_zeros((len(lengths), width))
     offset = 0

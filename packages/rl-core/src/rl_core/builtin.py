@@ -3,7 +3,7 @@ rule-based reward sources, the optional metrics loggers and the object-store wei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from rl_core.hookspecs import hookimpl
@@ -43,14 +43,40 @@ def rl_algorithms() -> list[AlgorithmSpec]:
     from rl_core.algorithms.sft import SFTConfig
 
     return [
-        AlgorithmSpec(name="grpo", factory=_run_grpo, config_key="grpo", config_class=GRPOConfig,
-                      description="GRPO with DAPO options", package="rl-core"),
-        AlgorithmSpec(name="reinforce", factory=_run_reinforce, config_key="reinforce", config_class=ReinforceConfig,
-                      description="REINFORCE, RLOO baseline, KL to the initial policy in the reward", package="rl-core"),
-        AlgorithmSpec(name="sft", factory=_run_sft, config_key="sft", config_class=SFTConfig, uses_rollout=False,
-                      description="supervised fine-tuning", package="rl-core"),
-        AlgorithmSpec(name="dpo", factory=_run_dpo, config_key="dpo", config_class=DPOConfig, uses_rollout=False,
-                      description="direct preference optimisation", package="rl-core"),
+        AlgorithmSpec(
+            name="grpo",
+            factory=_run_grpo,
+            config_key="grpo",
+            config_class=GRPOConfig,
+            description="GRPO with DAPO options",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="reinforce",
+            factory=_run_reinforce,
+            config_key="reinforce",
+            config_class=ReinforceConfig,
+            description="REINFORCE, RLOO baseline, KL to the initial policy in the reward",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="sft",
+            factory=_run_sft,
+            config_key="sft",
+            config_class=SFTConfig,
+            uses_rollout=False,
+            description="supervised fine-tuning",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="dpo",
+            factory=_run_dpo,
+            config_key="dpo",
+            config_class=DPOConfig,
+            uses_rollout=False,
+            description="direct preference optimisation",
+            package="rl-core",
+        ),
     ]
 
 
@@ -60,7 +86,9 @@ def _reward(name: str, cls_path: str, cfg_cls: type, description: str) -> Reward
 
         return getattr(rewards, cls_path)(cfg=options if options is not None else cfg_cls())
 
-    return RewardSourceSpec(name=name, factory=factory, config_class=cfg_cls, description=description, package="rl-core")
+    return RewardSourceSpec(
+        name=name, factory=factory, config_class=cfg_cls, description=description, package="rl-core"
+    )
 
 
 @hookimpl
@@ -126,5 +154,3 @@ def rl_weight_transports() -> list[WeightTransportSpec]:
 def rl_step(step: int, algorithm: str, run: Callable[[], dict[str, float]]) -> dict[str, float]:
     del step, algorithm
     return run()
-
-

@@ -73,7 +73,9 @@ def cmd_plugins(args: argparse.Namespace, registry: Registry) -> int:
     for column in ("plugin", "distribution", "version", "status", "components (kind: name, priority)"):
         table.add_column(column)
     for row in report:
-        parts = [f"{c['kind']}: {c['name']}" + (f" ({c['priority']})" if c["priority"] else "") for c in row["components"]]
+        parts = [
+            f"{c['kind']}: {c['name']}" + (f" ({c['priority']})" if c["priority"] else "") for c in row["components"]
+        ]
         status = row["status"] if not row["error"] else f"{row['status']}: {row['error']}"
         table.add_row(row["plugin"], row["distribution"], row["version"], status, "\n".join(parts))
     console.print(table)
@@ -147,7 +149,9 @@ def cmd_config_reference(args: argparse.Namespace, registry: Registry) -> int:
 
 def versions(registry: Registry) -> str:
     lines = [f"rl-core {__version__}"]
-    lines += [f"{p.distribution} {p.version} ({p.name}: {p.status})" for p in registry.plugins.values() if p.name != "core"]
+    lines += [
+        f"{p.distribution} {p.version} ({p.name}: {p.status})" for p in registry.plugins.values() if p.name != "core"
+    ]
     return "\n".join(lines)
 
 
@@ -208,7 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/bold red] {type(exc).__name__}: {exc}\n(run with --debug for the traceback)", highlight=False)
+        err_console.print(
+            f"[bold red]error:[/bold red] {type(exc).__name__}: {exc}\n(run with --debug for the traceback)",
+            highlight=False,
+        )
         return 1
 
 

@@ -218,7 +218,9 @@ class Config:
         try:
             return self.sections[key]
         except KeyError:
-            raise ConfigError(f"config section {key!r} is not known; is the plugin that provides it installed?") from None
+            raise ConfigError(
+                f"config section {key!r} is not known; is the plugin that provides it installed?"
+            ) from None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -229,7 +231,8 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
 def read_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a YAML config, merging the files named by its ``defaults:`` (a path or a list, relative to it)."""
+    """Read a YAML config, merging the files named by its ``defaults:`` (a path or a list, relative to it, or a
+    built-in recipe ``builtin:NAME``)."""
     path = path.resolve()
     if path in _seen:
         raise ConfigError(f"{path}: 'defaults' forms a cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
@@ -244,7 +247,13 @@ def read_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     parents = data.pop("defaults", None) or []
     merged: dict[str, Any] = {}
     for parent in [parents] if isinstance(parents, str) else parents:
-        merged = deep_merge(merged, read_yaml(path.parent / parent, (*_seen, path)))
+        if parent.startswith("builtin:"):
+            from rl_core.recipes import resolve_recipe
+
+            parent_path = resolve_recipe(parent)
+        else:
+            parent_path = path.parent / parent
+        merged = deep_merge(merged, read_yaml(parent_path, (*_seen, path)))
     return deep_merge(merged, data)
 
 
@@ -407,7 +416,24 @@ def load_config(path: Path | None, overrides: Sequence[str], registry: Registry)
         from rl_core.recipes import default_recipe_path
 
         path = default_recipe_path()
-    return build_config(apply_overrides(read_yaml(Path(path)), overrides), registry)
+    data = _relative_to(read_yaml(Path(path)), Path(path).resolve().parent)
+    return build_config(apply_overrides(data, overrides), registry)
+
+
+#: keys holding file paths that a config file gives relative to itself.
+_PATH_KEYS = (("data", "train_path"), ("data", "val_path"), ("warmup_recipe",))
+
+
+def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    for keys in _PATH_KEYS:
+        node = out
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and not value.startswith("builtin:") and not Path(value).is_absolute():
+            node[keys[-1]] = str(base / value)
+    return out
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -441,7 +467,9 @@ def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-def enabled_map(config: Config, registry: Registry, kind: Literal["training_backend", "rollout_engine"]) -> dict[str, bool]:
+def enabled_map(
+    config: Config, registry: Registry, kind: Literal["training_backend", "rollout_engine"]
+) -> dict[str, bool]:
     """Which components of ``kind`` the config enables through their sections' ``enabled`` flag."""
     out: dict[str, bool] = {}
     for name, spec in registry.specs(kind).items():

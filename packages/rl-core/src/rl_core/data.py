@@ -16,7 +16,7 @@ Example = dict[str, Any]
 
 
 def parity_task(n: int, seed: int, *, random_labels: bool = False) -> list[Example]:
-    """"Even or odd? 4 8 1 7" -> " odd" (the parity of the last digit). With ``random_labels`` the answers are coin flips (a format-only
+    """ "Even or odd? 4 8 1 7" -> " odd" (the parity of the last digit). With ``random_labels`` the answers are coin flips (a format-only
     warm-up: the model learns how to answer, not what). Digits are spaced so each is one token."""
     rng = random.Random(seed)
     out = []
@@ -31,7 +31,7 @@ def parity_task(n: int, seed: int, *, random_labels: bool = False) -> list[Examp
 
 
 def addition_task(n: int, seed: int, *, random_labels: bool = False) -> list[Example]:
-    """"Q: 3 + 4 = ? A:" -> "7", single digits."""
+    """ "Q: 3 + 4 = ? A:" -> "7", single digits."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):

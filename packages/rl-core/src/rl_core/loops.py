@@ -91,7 +91,9 @@ class ScoredRollouts:
     metrics: dict[str, float]
 
 
-def generate_and_score(ctx: RunContext, examples: Sequence[Example], params: SamplingParams, phases: Any) -> ScoredRollouts:
+def generate_and_score(
+    ctx: RunContext, examples: Sequence[Example], params: SamplingParams, phases: Any
+) -> ScoredRollouts:
     """``params.n`` rollouts per example, scored by the reward sources."""
     assert ctx.engine is not None
     with phases("generate"):

@@ -154,7 +154,9 @@ class Registry:
             for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
                 dist, version = _dist_of(ep)
                 if ep.name in blocked:
-                    reg.plugins[ep.name] = PluginInfo(name=ep.name, distribution=dist, version=version, status="disabled")
+                    reg.plugins[ep.name] = PluginInfo(
+                        name=ep.name, distribution=dist, version=version, status="disabled"
+                    )
                     continue
                 try:
                     module = ep.load()
@@ -190,7 +192,9 @@ class Registry:
         except Exception as exc:
             self.pm.unregister(name=name)
             log.warning("plugin %r (%s %s) failed to register and is skipped: %r", name, dist, version, exc)
-            self.plugins[name] = PluginInfo(name=name, distribution=dist, version=version, status="failed", error=repr(exc))
+            self.plugins[name] = PluginInfo(
+                name=name, distribution=dist, version=version, status="failed", error=repr(exc)
+            )
             return
         for kind, records in collected.items():
             for record in records:
@@ -264,10 +268,15 @@ class Registry:
             chosen = self.get(kind, explicit)
             others = tuple(s for s in on if s.name != explicit)
             return Selection(
-                kind=kind, chosen=chosen, reason=f"named by {selector_key}; priority {chosen.priority}", runners_up=others
+                kind=kind,
+                chosen=chosen,
+                reason=f"named by {selector_key}; priority {chosen.priority}",
+                runners_up=others,
             )
         if not specs:
-            packages = sorted({pkg for comp, (_p, pkg) in FIRST_PARTY.items() if comp in _FIRST_PARTY_KIND.get(kind, ())})
+            packages = sorted(
+                {pkg for comp, (_p, pkg) in FIRST_PARTY.items() if comp in _FIRST_PARTY_KIND.get(kind, ())}
+            )
             hint = f": pip install '{packages[0]}'" if packages else ""
             raise PluginError(f"no {words} is installed{hint}")
         if not on:
@@ -286,4 +295,3 @@ def _core_version() -> str:
     from rl_core.__about__ import __version__
 
     return __version__
-

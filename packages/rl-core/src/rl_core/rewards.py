@@ -36,7 +36,9 @@ class ExactMatch:
 
     cfg: ExactMatchConfig = attrs.Factory(ExactMatchConfig)
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         answers = _answers(metadata, self.cfg.answer_key)
         norm = (lambda s: s.strip()) if self.cfg.strip else (lambda s: s)
         return [float(norm(r) == norm(a)) for r, a in zip(responses, answers, strict=True)]
@@ -60,7 +62,9 @@ class NumberMatch:
 
     cfg: NumberMatchConfig = attrs.Factory(NumberMatchConfig)
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         out = []
         for response, answer in zip(responses, _answers(metadata, self.cfg.answer_key), strict=True):
             found = _NUMBER.search(response)
@@ -95,7 +99,9 @@ class RegexFormat:
 
     cfg: RegexConfig
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         rx = re.compile(self.cfg.pattern)
         match = rx.fullmatch if self.cfg.mode == "fullmatch" else rx.search
         return [float(match(r.strip() if self.cfg.mode == "fullmatch" else r) is not None) for r in responses]

@@ -56,7 +56,9 @@ def select_components(config: Config, registry: Registry) -> Selections:
         )
         transport = pick_transport(registry, backend.chosen.name, engine.chosen.name)
         if not config.reward.sources:
-            raise InputError(f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}]")
+            raise InputError(
+                f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}]"
+            )
     return Selections(
         backend=backend, engine=engine, transport=transport, rewards=tuple(s.name for s in config.reward.sources)
     )
@@ -129,14 +131,18 @@ class RunContext:
         for weight, name, source in self.rewards:
             values: list[Reward] = source.score(prompts, responses, metadata)
             if len(values) != len(responses):
-                raise InputError(f"reward source {name!r} returned {len(values)} rewards for {len(responses)} responses")
+                raise InputError(
+                    f"reward source {name!r} returned {len(values)} rewards for {len(responses)} responses"
+                )
             for i, value in enumerate(values):
                 if isinstance(value, Mapping):
                     for key, part in value.items():
                         parts[f"reward/{name}/{key}"] = parts.get(f"reward/{name}/{key}", 0.0) + part / len(values)
                     value = sum(value.values())
                 total[i] += weight * float(value)
-            parts[f"reward/{name}"] = sum(float(sum(v.values()) if isinstance(v, Mapping) else v) for v in values) / max(len(values), 1)
+            parts[f"reward/{name}"] = sum(
+                float(sum(v.values()) if isinstance(v, Mapping) else v) for v in values
+            ) / max(len(values), 1)
         return total, parts
 
     # -- steps, logging, checkpoints --------------------------------------------------------------------------------
@@ -207,7 +213,9 @@ def format_metrics_line(step: int, total: int, metrics: Mapping[str, float]) -> 
             value = metrics[key]
             shown.append(f"{label} {value:.0f}" if key == "tokens_per_second" else f"{label} {value:.4g}")
     times = " ".join(f"{k.split('/', 1)[1]} {v:.2f}s" for k, v in metrics.items() if k.startswith("time/"))
-    return f"[bold cyan]step {step}/{total}[/bold cyan]  " + "  ".join(shown) + (f"  [dim]{times}[/dim]" if times else "")
+    return (
+        f"[bold cyan]step {step}/{total}[/bold cyan]  " + "  ".join(shown) + (f"  [dim]{times}[/dim]" if times else "")
+    )
 
 
 def make_loggers(config: Config, registry: Registry, run_dir: Path) -> list[MetricsLogger]:
@@ -230,7 +238,9 @@ def run_config(config: Config, registry: Registry, console: Console | None = Non
     run_dir.mkdir(parents=True, exist_ok=True)
     if config.warmup_recipe:
         config = _run_warmup(config, registry, run_dir, console)
-    config = attrs.evolve(config, policy=attrs.evolve(config.policy, model_name=resolve_model_path(config.policy.model_name)))
+    config = attrs.evolve(
+        config, policy=attrs.evolve(config.policy, model_name=resolve_model_path(config.policy.model_name))
+    )
     chosen = select_components(config, registry)
     (run_dir / "config.yaml").write_text(dump_yaml(config))
     console.print(f"[bold]run folder[/bold] {run_dir}")
@@ -305,6 +315,8 @@ def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: Cons
             [f"run_dir={warm_dir}", f"policy.model_name={config.policy.model_name}", f"seed={config.seed}"],
             registry,
         )
-        run_config(attrs.evolve(warm, checkpointing=attrs.evolve(warm.checkpointing, export_final_hf=True)), registry, console)
+        run_config(
+            attrs.evolve(warm, checkpointing=attrs.evolve(warm.checkpointing, export_final_hf=True)), registry, console
+        )
         console.rule("warm-up done")
     return attrs.evolve(config, warmup_recipe=None, policy=attrs.evolve(config.policy, model_name=str(final)))

@@ -21,10 +21,26 @@ SCHEME = "tiny:"
 
 #: name -> (architecture family, model config overrides). "tiny" ~1M parameters, "small" ~25M.
 TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2-tiny": ("qwen2", dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
-    "llama-tiny": ("llama", dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
-    "qwen2-small": ("qwen2", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)),
-    "llama-small": ("llama", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)),
+    "qwen2-tiny": (
+        "qwen2",
+        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "llama-tiny": (
+        "llama",
+        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "qwen2-small": (
+        "qwen2",
+        dict(
+            hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+        ),
+    ),
+    "llama-small": (
+        "llama",
+        dict(
+            hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+        ),
+    ),
 }
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
@@ -49,7 +65,31 @@ def _corpus() -> list[str]:
         lines.append(f"Sort the digits {digits}. Answer: {''.join(sorted(digits))}")
         spaced = " ".join(digits)
         lines.append(f"Even or odd? {spaced} {'even' if int(digits[-1]) % 2 == 0 else 'odd'}")
-    words = "the a of to and is in that it for you was with on as have be at one this what answer question".split()
+    words = [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "is",
+        "in",
+        "that",
+        "it",
+        "for",
+        "you",
+        "was",
+        "with",
+        "on",
+        "as",
+        "have",
+        "be",
+        "at",
+        "one",
+        "this",
+        "what",
+        "answer",
+        "question",
+    ]
     lines += [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
     return lines
 

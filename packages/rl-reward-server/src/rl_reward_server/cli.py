@@ -19,8 +19,13 @@ TOKEN_ENV = "RL_REWARD_SERVER_TOKEN"
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scorer", action="append", default=[], metavar="NAME[:key=value,...]",
-                   help="a scorer to host (repeatable); default: math_verify")
+    p.add_argument(
+        "--scorer",
+        action="append",
+        default=[],
+        metavar="NAME[:key=value,...]",
+        help="a scorer to host (repeatable); default: math_verify",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--token", default=None, help=f"bearer token required on every request (or ${TOKEN_ENV})")

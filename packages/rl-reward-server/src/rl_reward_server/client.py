@@ -20,15 +20,15 @@ from rl_core.errors import InputError, RLCoreError
 
 
 def _check_microbatching(inst: RemoteConfig, _attr: Any, _value: Any) -> None:
-    if inst.inference_micro_batch_size and inst.replicas and inst.rollout_micro_batch_size:
-        if inst.inference_micro_batch_size * inst.replicas > inst.rollout_micro_batch_size:
-            raise ValueError(
-                f"inference_micro_batch_size x replicas ({inst.inference_micro_batch_size} x {inst.replicas} = "
-                f"{inst.inference_micro_batch_size * inst.replicas}) must be <= rollout_micro_batch_size "
-                f"({inst.rollout_micro_batch_size}): each rollout micro-batch is split across the reward model's "
-                "data-parallel replicas, so a smaller one leaves replicas idle or with partial micro-batches. "
-                "Lower inference_micro_batch_size or replicas, or raise rollout_micro_batch_size"
-            )
+    given = inst.inference_micro_batch_size and inst.replicas and inst.rollout_micro_batch_size
+    if given and inst.inference_micro_batch_size * inst.replicas > inst.rollout_micro_batch_size:
+        raise ValueError(
+            f"inference_micro_batch_size x replicas ({inst.inference_micro_batch_size} x {inst.replicas} = "
+            f"{inst.inference_micro_batch_size * inst.replicas}) must be <= rollout_micro_batch_size "
+            f"({inst.rollout_micro_batch_size}): each rollout micro-batch is split across the reward model's "
+            "data-parallel replicas, so a smaller one leaves replicas idle or with partial micro-batches. "
+            "Lower inference_micro_batch_size or replicas, or raise rollout_micro_batch_size"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -73,7 +73,9 @@ class RemoteRewardSource:
         token = os.environ.get(cfg.token_env)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[Any]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[Any]:
         if not (len(prompts) == len(responses) == len(metadata)):
             raise InputError("prompts, responses and metadata must have the same length")
         if not prompts:
@@ -88,11 +90,18 @@ class RemoteRewardSource:
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=self.headers, limits=limits) as client:
             parts = await asyncio.gather(
-                *(self._chunk(client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]) for i in starts)
+                *(
+                    self._chunk(
+                        client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]
+                    )
+                    for i in starts
+                )
             )
         return [r for part in parts for r in part]
 
-    async def _chunk(self, client: Any, index: int, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
+    async def _chunk(
+        self, client: Any, index: int, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]
+    ) -> list[Any]:
         import httpx
 
         servers = self.cfg.servers
@@ -113,7 +122,9 @@ class RemoteRewardSource:
                     return rewards
                 message = _message(reply)
                 if reply.status_code < 500:  # our request is wrong: retrying will not help
-                    raise RewardServerError(f"reward server {url} rejected the request ({reply.status_code}): {message}")
+                    raise RewardServerError(
+                        f"reward server {url} rejected the request ({reply.status_code}): {message}"
+                    )
                 last_error = f"{url}: {reply.status_code} {message}"
             delay = min(self.cfg.max_backoff_s, self.cfg.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
             await asyncio.sleep(delay)

@@ -36,12 +36,27 @@ def rl_reward_sources() -> list[RewardSourceSpec]:
     from rl_reward_server.scorers import MathVerifyConfig, RewardModelConfig
 
     return [
-        RewardSourceSpec(name="remote", factory=_remote, config_class=RemoteConfig,
-                         description="scores through rl-reward-server over HTTP", package="rl-reward-server"),
-        RewardSourceSpec(name="math_verify", factory=_math_verify, config_class=MathVerifyConfig,
-                         description="math answer equivalence (math-verify)", package="rl-reward-server"),
-        RewardSourceSpec(name="reward_model", factory=_reward_model, config_class=RewardModelConfig,
-                         description="Hugging Face sequence-classification reward model", package="rl-reward-server"),
+        RewardSourceSpec(
+            name="remote",
+            factory=_remote,
+            config_class=RemoteConfig,
+            description="scores through rl-reward-server over HTTP",
+            package="rl-reward-server",
+        ),
+        RewardSourceSpec(
+            name="math_verify",
+            factory=_math_verify,
+            config_class=MathVerifyConfig,
+            description="math answer equivalence (math-verify)",
+            package="rl-reward-server",
+        ),
+        RewardSourceSpec(
+            name="reward_model",
+            factory=_reward_model,
+            config_class=RewardModelConfig,
+            description="Hugging Face sequence-classification reward model",
+            package="rl-reward-server",
+        ),
     ]
 
 

@@ -27,7 +27,9 @@ class MathVerifyScorer:
 
     cfg: MathVerifyConfig = attrs.Factory(MathVerifyConfig)
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         from math_verify import parse, verify
 
         timeout = self.cfg.timeout_seconds if threading.current_thread() is threading.main_thread() else None
@@ -70,7 +72,9 @@ class RewardModelScorer:
             raise InputError(f"reward model {cfg.path!r} has {self.model.config.num_labels} outputs; it must have 1")
         self.lock = threading.Lock()
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         import torch
 
         texts = [p + self.cfg.separator + r for p, r in zip(prompts, responses, strict=True)]
@@ -79,7 +83,11 @@ class RewardModelScorer:
         with self.lock, torch.no_grad():
             for i in range(0, len(texts), step):
                 enc = self.tokenizer(
-                    texts[i : i + step], return_tensors="pt", padding=True, truncation=True, max_length=self.cfg.max_length
+                    texts[i : i + step],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.cfg.max_length,
                 )
                 out += self.model(**enc).logits[:, 0].float().tolist()
         return out

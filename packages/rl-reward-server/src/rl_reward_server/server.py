@@ -144,7 +144,10 @@ class _Metrics:
             requests=Counter("reward_requests_total", "scoring requests", ["scorer", "status"], registry=reg),
             samples=Counter("reward_samples_total", "samples scored", ["scorer"], registry=reg),
             batch_size=Histogram(
-                "reward_batch_size", "samples per scorer call", ["scorer"], registry=reg,
+                "reward_batch_size",
+                "samples per scorer call",
+                ["scorer"],
+                registry=reg,
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
             ),
             latency=Histogram("reward_request_seconds", "request latency", ["scorer"], registry=reg),

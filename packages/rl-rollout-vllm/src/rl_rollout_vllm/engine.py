@@ -12,7 +12,6 @@ from rl_core.cluster import WorkerGroup
 from rl_core.config import Config
 from rl_core.errors import InputError
 from rl_core.protocols import RefitStats, Rollout, SamplingParams
-
 from rl_rollout_vllm.plugin import VllmConfig
 from rl_rollout_vllm.worker import Sample, VllmWorker, engine_environment
 

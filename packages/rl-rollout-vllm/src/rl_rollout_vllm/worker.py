@@ -9,7 +9,6 @@ from typing import Any
 
 from rl_core.errors import InputError, PluginError
 from rl_core.tiny_models import cache_root
-
 from rl_rollout_vllm.plugin import VllmConfig
 
 MISSING_VLLM = (
@@ -62,7 +61,9 @@ class VllmWorker:
             raise InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}") from None
         self.max_model_len = max_model_len
 
-    def _requests(self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]) -> list[tuple[int, int, Any, Any]]:
+    def _requests(
+        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+    ) -> list[tuple[int, int, Any, Any]]:
         """One request per sample, each with its own seed derived from (seed, prompt index, sample index).
 
         vLLM gives the ``n`` children of one seeded request the same generator, hence identical samples; separate
@@ -95,12 +96,16 @@ class VllmWorker:
         finish = "length" if completion.finish_reason == "length" else "stop"
         return (index, j, ids, completion.text, logprobs, finish)
 
-    def generate(self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]) -> list[Sample]:
+    def generate(
+        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+    ) -> list[Sample]:
         requests = self._requests(indices, prompts, sampling)
         outputs = self.llm.generate([r[2] for r in requests], [r[3] for r in requests], use_tqdm=False)
         return [self._sample(i, j, out) for (i, j, _p, _s), out in zip(requests, outputs, strict=True)]
 
-    def stream(self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]) -> Iterator[Sample]:
+    def stream(
+        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+    ) -> Iterator[Sample]:
         """Yield each sample as soon as its request finishes (the engine's step loop)."""
         engine = self.llm.llm_engine
         pending = {}

@@ -24,9 +24,17 @@ import attrs
 
 from rl_core import advantages as adv
 from rl_core.data import EpochSampler, load_split
+from rl_core.loops import (
+    ScoredRollouts,
+    drive,
+    generate_and_score,
+    prefixed,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+    validate_rollouts,
+)
 from rl_core.losses import ClippedPGLoss
-from rl_core.loops import ScoredRollouts, drive, generate_and_score, prefixed, rollout_batch, rollout_metrics, sampling
-from rl_core.loops import validate_rollouts
 from rl_core.run import Phases, RunContext
 
 _pos = attrs.validators.gt(0)
@@ -69,7 +77,9 @@ def run(ctx: RunContext) -> dict[str, float]:
     )
 
 
-def grpo_step(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, loss_fn: ClippedPGLoss, step: int) -> dict[str, float]:
+def grpo_step(
+    ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, loss_fn: ClippedPGLoss, step: int
+) -> dict[str, float]:
     import torch
 
     phases = Phases()
@@ -96,7 +106,7 @@ def grpo_step(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, loss_fn: 
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
     batch["sample_mask"] = valid.view(-1).float()  # [B]
     lcfg = ctx.config.loss_fn
-    several_updates = P * G > ctx.config.policy.train_global_batch_size
+    several_updates = ctx.config.policy.train_global_batch_size < P * G
     if not lcfg.disable_ppo_ratio and (several_updates or lcfg.use_importance_sampling_correction):
         with phases("logprobs"):
             batch["prev_logprobs"] = ctx.backend.logprobs(batch)

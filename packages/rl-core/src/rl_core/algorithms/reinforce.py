@@ -24,9 +24,16 @@ import attrs
 from rl_core import advantages as adv
 from rl_core.config import LossConfig
 from rl_core.data import EpochSampler, load_split
+from rl_core.loops import (
+    drive,
+    generate_and_score,
+    prefixed,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+    validate_rollouts,
+)
 from rl_core.losses import ClippedPGLoss
-from rl_core.loops import drive, generate_and_score, prefixed, rollout_batch, rollout_metrics, sampling
-from rl_core.loops import validate_rollouts
 from rl_core.run import Phases, RunContext
 
 _pos = attrs.validators.gt(0)

@@ -63,7 +63,9 @@ def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: P
     from rl_core.batch import token_logprobs
 
     with torch.no_grad():
-        hf = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"])
+        hf = token_logprobs(
+            model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
+        )
     hf = hf * batch["attention_mask"]
     assert torch.allclose(hf, before, atol=1e-4), "export_hf must give a model with the same logprobs"
     assert list(backend.weights_for_refit()), "weights_for_refit must return at least one handle"
