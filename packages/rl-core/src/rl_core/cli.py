@@ -143,7 +143,7 @@ def cmd_config_reference(args: argparse.Namespace, registry: Registry) -> int:
     if args.output:
         Path(args.output).write_text(text)
     else:
-        print(text)
+        sys.stdout.write(text)
     return 0
 
 

@@ -61,8 +61,11 @@ class GenerationConfig:
     max_new_tokens: int = attrs.field(default=64, validator=_pos)
     temperature: float = attrs.field(default=1.0, validator=_nonneg)
     top_p: float = 1.0
+    #: -1 for no top-k.
     top_k: int = -1
+    #: strings that end a response (not included in it).
     stop_strings: tuple[str, ...] = ()
+    #: token ids that end a response besides the tokenizer's EOS.
     stop_token_ids: tuple[int, ...] = ()
     #: engine replicas (each its own Ray actor).
     num_replicas: int = attrs.field(default=1, validator=_pos)
@@ -74,17 +77,25 @@ class GenerationConfig:
 class PolicyConfig:
     #: a local Hugging Face folder, or ``tiny:NAME`` for a model built on first use by ``rl_core.testing``.
     model_name: str
+    #: tokenizer folder; unset, the model's own.
     tokenizer_name: str | None = None
     #: name of a training backend; overrides priority selection.
     backend: str | None = None
     #: training ranks (data parallel).
     num_workers: int = attrs.field(default=1, validator=_pos)
+    #: rows per optimizer step (a larger rollout batch makes several steps).
     train_global_batch_size: int = attrs.field(default=32, validator=_pos)
+    #: rows per forward/backward pass on one rank (gradient accumulation up to the global batch).
     train_micro_batch_size: int = attrs.field(default=4, validator=_pos)
+    #: rows per forward pass when only logprobs are needed.
     logprob_batch_size: int = attrs.field(default=16, validator=_pos)
+    #: longest prompt + response in tokens; longer input is an error.
     max_total_sequence_length: int = attrs.field(default=512, validator=_pos)
+    #: dtype of the rollout engine (the trainer's master weights stay float32).
     precision: Literal["float32", "bfloat16"] = "float32"
+    #: gradient clipping by global norm; null for none.
     max_grad_norm: float | None = 1.0
+    #: run code shipped with a model folder (off unless you trust it).
     trust_remote_code: bool = False
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
@@ -116,13 +127,18 @@ class ClusterConfig:
 class DataConfig:
     """Prompt data: JSONL files (one object per line), or a built-in synthetic task."""
 
+    #: JSONL file of training rows (relative to the config file).
     train_path: str | None = None
+    #: JSONL file of held-out rows.
     val_path: str | None = None
     #: built-in synthetic task (``addition``), used when no path is given.
     task: str | None = None
+    #: rows a built-in task generates for training / validation.
     num_train: int = attrs.field(default=2048, validator=_pos)
     num_val: int = attrs.field(default=64, validator=_pos)
+    #: the field holding the prompt; the others are metadata for the rewards.
     prompt_key: str = "prompt"
+    #: seed of the built-in task generator.
     seed: int = 0
 
 
@@ -197,7 +213,9 @@ class LoggerConfig:
 class Config:
     """The whole, validated configuration of a run."""
 
+    #: ``grpo``, ``reinforce``, ``sft``, ``dpo`` (or an algorithm a plugin registers).
     algorithm: str = "grpo"
+    #: seeds torch, sampling and data order; the same seed reproduces a run.
     seed: int = 42
     #: the run folder: resolved config, metrics, checkpoints. A run in an existing folder resumes.
     run_dir: str = "runs/default"

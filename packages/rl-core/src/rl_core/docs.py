@@ -60,7 +60,8 @@ def _section(prefix: str, cls: type, out: list[str]) -> None:
         if attrs.has(tp):
             nested.append((key, tp))
             continue
-        out.append(f"| `{key}` | `{_type_name(tp)}` | `{_default(field)}` | {notes.get(field.name, '')} |")
+        kind = _type_name(tp).replace("|", "\\|")
+        out.append(f"| `{key}` | `{kind}` | `{_default(field)}` | {notes.get(field.name, '')} |")
     for key, tp in nested:
         _section(key, tp, out)
 
