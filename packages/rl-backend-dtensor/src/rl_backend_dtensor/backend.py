@@ -58,6 +58,9 @@ class DTensorBackend:
             name="policy",
             placement=config.cluster.placement,
             gpus_per_worker=1.0 if use_gpu else 0.0,
+            # the run folder (checkpoints) once the driver has made it: every node must see the same one
+            required_paths=[policy.model_name, *[str(p) for p in [Path(config.run_dir).resolve()] if p.is_dir()]],
+            log_dir=Path(config.run_dir).resolve() / "logs",
         )
         master = self.group.get([self.group.actors[0].address.remote()])[0]
         self.workers = self.group.call("setup", *master)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ class DTensorWorker:
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))

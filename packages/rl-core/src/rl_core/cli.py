@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rl_core.__about__ import __version__
@@ -190,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rl_core").setLevel(logging.DEBUG if debug else logging.INFO)
     try:
         registry = Registry.discover()
         parser = build_parser(registry)
@@ -204,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RLCoreError as exc:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/bold red]")
@@ -213,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         err_console.print(
-            f"[bold red]error:[/bold red] {type(exc).__name__}: {exc}\n(run with --debug for the traceback)",
+            f"[bold red]error:[/bold red] {type(exc).__name__}: {escape(str(exc))}\n(run with --debug for the traceback)",
             highlight=False,
         )
         return 1

@@ -10,7 +10,10 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import attrs
 
 from rl_core.config import ClusterConfig
 from rl_core.errors import RLCoreError
@@ -24,20 +27,51 @@ class WorkerDiedError(RLCoreError):
 
 def init_ray(cfg: ClusterConfig) -> None:
     """Join ``cluster.address`` (or ``RAY_ADDRESS``), else start a local Ray (once per process)."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    token = use_auth_token(cfg) if address else False  # before Ray is imported: it reads RAY_AUTH_MODE then
     import ray
 
     if ray.is_initialized():
         return
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}}
     if address:
-        log.info("joining Ray cluster at %s", address)
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        log.info("joining Ray cluster at %s (token authentication %s)", address, "on" if token else "off")
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except ConnectionError as exc:
+            hint = (
+                "the cluster may require token authentication: put its token in RAY_AUTH_TOKEN, or in a file named by "
+                "cluster.auth_token_file (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token)"
+                if not token
+                else "check that the token matches the cluster's (RAY_AUTH_TOKEN on every node)"
+            )
+            raise RLCoreError(f"cannot join the Ray cluster at {address}: {exc}; {hint}") from None
         return
     # Logical CPUs for scheduling; workers set their own thread counts. At least 8 so that a trainer group and
     # an engine fit on a 2-core laptop (they take turns: generation, then training).
     num_cpus = cfg.num_cpus or max(os.cpu_count() or 1, 8)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+
+
+def use_auth_token(cfg: ClusterConfig) -> bool:
+    """Turn on Ray token authentication (``RAY_AUTH_MODE=token``) when a token is at hand; returns whether it is.
+
+    A Ray 2.60 cluster started with ``RAY_AUTH_MODE=token`` requires the token from every client; a client must
+    set ``RAY_AUTH_MODE=token`` and find the token in ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``.
+    """
+    if cfg.auth_token_file:
+        if not Path(cfg.auth_token_file).is_file():
+            raise RLCoreError(f"cluster.auth_token_file: {cfg.auth_token_file} does not exist")
+        os.environ["RAY_AUTH_TOKEN_PATH"] = cfg.auth_token_file
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode:
+        return mode == "token"
+    # Not ~/.ray/auth_token: a local ray.init() writes it, and token mode against a cluster without
+    # authentication makes every actor die at start.
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return True
+    return False
 
 
 def free_port() -> int:
@@ -53,8 +87,69 @@ def node_address() -> tuple[str, str]:
     return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
 
+def tee_output(path: str) -> None:
+    """Copy this process's stdout and stderr (and its logging) into ``path``, so that the driver can show a
+    dead worker's last lines."""
+    import sys
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sink = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    class Tee:
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        def write(self, text: str) -> int:
+            sink.write(text)
+            return self.stream.write(text)
+
+        def flush(self) -> None:
+            sink.flush()
+            self.stream.flush()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.stream, name)
+
+    sys.stdout, sys.stderr = Tee(sys.stdout), Tee(sys.stderr)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _with_log(worker_cls: type) -> type:
+    """``worker_cls`` whose constructor first tees the process output into the file given as ``rl_log_path``."""
+
+    class Logged(worker_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *, rl_log_path: str, **kwargs: Any) -> None:
+            tee_output(rl_log_path)
+            super().__init__(**kwargs)
+
+    Logged.__name__ = Logged.__qualname__ = worker_cls.__name__
+    return Logged
+
+
+def _missing_paths(paths: Sequence[str]) -> tuple[str, str, list[str]]:
+    ip, node_id = node_address()
+    return ip, node_id, [p for p in paths if not os.path.exists(p)]
+
+
+def _whoami(_self: Any) -> tuple[int, str, str]:
+    ip, node_id = node_address()
+    return os.getpid(), ip, node_id
+
+
+@attrs.frozen(kw_only=True)
+class WorkerInfo:
+    rank: int
+    pid: int
+    ip: str
+    node_id: str
+
+
 class WorkerGroup:
-    """``size`` Ray actors of ``worker_cls`` in one placement group; ``make_args(rank) -> kwargs``."""
+    """``size`` Ray actors of ``worker_cls`` in one placement group; ``make_args(rank) -> kwargs``.
+
+    Before the actors start, every node of the group checks that it sees ``required_paths`` (model folders,
+    the run folder); each actor's output is copied to ``log_dir/NAME-RANK.log``.
+    """
 
     def __init__(
         self,
@@ -67,30 +162,74 @@ class WorkerGroup:
         cpus_per_worker: float = 1.0,
         gpus_per_worker: float = 0.0,
         env_vars: Mapping[str, str] | None = None,
+        required_paths: Sequence[str] = (),
+        log_dir: Path | None = None,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name = name
+        self.log_dir = log_dir
+        self.actors: list[Any] = []
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         strategy = "SPREAD" if placement == "spread" else "PACK"
         self.pg = placement_group([dict(bundle) for _ in range(size)], strategy=strategy)
-        ray.get(self.pg.ready(), timeout=300)
-        remote = ray.remote(worker_cls)
-        self.actors = [
-            remote.options(
-                num_cpus=cpus_per_worker,
-                num_gpus=gpus_per_worker,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=rank
-                ),
-                runtime_env={"env_vars": dict(env_vars or {})},
-                name=None,
-            ).remote(**make_args(rank))
-            for rank in range(size)
-        ]
+        try:
+            ray.get(self.pg.ready(), timeout=300)
+        except ray.exceptions.GetTimeoutError:
+            raise RLCoreError(
+                f"the cluster cannot place {size} x {bundle} for worker group {name!r} within 5 minutes: "
+                f"resources available: {ray.available_resources()}"
+            ) from None
+        self._check_paths(required_paths)
+        remote = ray.remote(_with_log(worker_cls) if log_dir is not None else worker_cls)
+        for rank in range(size):
+            kwargs = dict(make_args(rank))
+            if log_dir is not None:
+                kwargs["rl_log_path"] = str(log_dir / f"{name}-{rank}.log")
+            self.actors.append(
+                remote.options(
+                    num_cpus=cpus_per_worker,
+                    num_gpus=gpus_per_worker,
+                    scheduling_strategy=self._bundle(rank),
+                    runtime_env={"env_vars": dict(env_vars or {})},
+                ).remote(**kwargs)
+            )
         self._wait_started()
+        self.info = [
+            WorkerInfo(rank=rank, pid=pid, ip=ip, node_id=node)
+            for rank, (pid, ip, node) in enumerate(self.get([a.__ray_call__.remote(_whoami) for a in self.actors]))
+        ]
+        log.info(self.describe())
+
+    def _bundle(self, rank: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
+
+    def _check_paths(self, paths: Sequence[str]) -> None:
+        """Every node of the group must see ``paths``; the error names the nodes that do not."""
+        import ray
+
+        if not paths:
+            return
+        probe = ray.remote(num_cpus=0)(_missing_paths)
+        size = self.pg.bundle_count
+        results = ray.get([probe.options(scheduling_strategy=self._bundle(r)).remote(list(paths)) for r in range(size)])
+        problems = {
+            f"node {ip} ({node[:12]}) cannot see {', '.join(missing)}" for ip, node, missing in results if missing
+        }
+        if problems:
+            self.shutdown()
+            raise RLCoreError(
+                f"worker group {self.name!r}: {'; '.join(sorted(problems))}. Files every node reads (the model, "
+                "checkpoints, the run folder) must be on a path all nodes share"
+            )
+
+    def describe(self) -> str:
+        """``policy workers: [0] pid 12 on 10.0.0.1 (node 3f2a...), [1] ...``"""
+        where = ", ".join(f"[{w.rank}] pid {w.pid} on {w.ip} (node {w.node_id})" for w in self.info)
+        return f"{self.name} workers: {where}"
 
     def _wait_started(self) -> None:
         """Wait until every worker's constructor ran; a failure names the worker and the original error."""
@@ -101,8 +240,9 @@ class WorkerGroup:
             try:
                 ray.get(actor.__ray_ready__.remote())
             except RayError as exc:
+                tail = self._log_tail(rank)
                 self.shutdown()
-                raise WorkerDiedError(f"worker {self.name}[{rank}] failed to start: {_root_cause(exc)}") from None
+                raise WorkerDiedError(f"worker {self.name}[{rank}] failed to start: {_root_cause(exc)}{tail}") from None
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker with the same arguments; wait for all."""
@@ -113,32 +253,67 @@ class WorkerGroup:
         return self.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank, strict=True)])
 
     def get(self, refs: Sequence[Any]) -> list[Any]:
-        """``ray.get`` that turns a dead actor into a ``WorkerDiedError`` naming the worker and its node."""
+        """Results in order, failing fast: a dead worker is a ``WorkerDiedError`` naming the worker, its node and
+        its last log lines (without waiting for ranks blocked in a collective with it)."""
         import ray
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+        from ray.exceptions import RayActorError, RayTaskError
 
+        pending = list(refs)
         try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready)
             return ray.get(list(refs))
-        except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
+        except RayActorError as exc:
             raise WorkerDiedError(self._describe_death(exc)) from exc
+        except RayTaskError as exc:
+            # A rank failing inside a collective usually means that a peer died: report the death, not the echo.
+            death = self._find_death(pending)
+            if death is not None:
+                raise WorkerDiedError(self._describe_death(death)) from exc
+            raise
 
-    def _describe_death(self, exc: BaseException) -> str:
-        lines = [f"a worker of group {self.name!r} died: {type(exc).__name__}"]
+    @staticmethod
+    def _find_death(pending: Sequence[Any], timeout: float = 10.0) -> BaseException | None:
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout) if pending else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                return exc
+            except RayError:
+                continue
+        return None
+
+    def _rank_of(self, exc: BaseException) -> int | None:
         actor_id = getattr(exc, "actor_id", None)
         for rank, actor in enumerate(self.actors):
-            if actor_id and actor._actor_id.hex() != actor_id:
-                continue
-            try:
-                from ray.util.state import get_actor
+            if actor_id and actor._actor_id.hex() == actor_id:
+                return rank
+        return None
 
-                state = get_actor(actor._actor_id.hex())
-                node = getattr(state, "node_id", "?") if state else "?"
-                lines.append(f"  worker {self.name}[{rank}] on node {node}")
-            except Exception:  # state API unavailable (no dashboard): name the rank only
-                lines.append(f"  worker {self.name}[{rank}]")
-        lines.append(f"  cause: {_root_cause(exc)}")
-        lines.append("  resume the run from its last checkpoint with the same command")
-        return "\n".join(lines)
+    def _describe_death(self, exc: BaseException) -> str:
+        rank = self._rank_of(exc)
+        info = getattr(self, "info", [])
+        if rank is not None and rank < len(info):
+            w = info[rank]
+            who = f"worker {self.name}[{rank}] (pid {w.pid}) on node {w.ip} ({w.node_id})"
+        else:
+            who = f"a worker of group {self.name!r}" + (f" ({self.name}[{rank}])" if rank is not None else "")
+        tail = self._log_tail(rank) if rank is not None else ""
+        return f"{who} died: {_root_cause(exc)}{tail}\nResume the run from its last checkpoint with the same command."
+
+    def _log_tail(self, rank: int, lines: int = 20) -> str:
+        if self.log_dir is None:
+            return ""
+        path = self.log_dir / f"{self.name}-{rank}.log"
+        if not path.is_file():
+            return f"\n(no log at {path})"
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+        return f"\nlast log lines ({path}):\n" + "\n".join(f"  | {line}" for line in text)
 
     def shutdown(self) -> None:
         import ray

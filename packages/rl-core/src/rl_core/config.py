@@ -121,6 +121,9 @@ class ClusterConfig:
     gpus_per_node: int = attrs.field(default=0, validator=_nonneg)
     #: ``pack`` worker groups onto as few nodes as possible, or ``spread`` them over the nodes.
     placement: Literal["pack", "spread"] = "pack"
+    #: file holding the cluster's Ray auth token (Ray >= 2.52 token authentication); also read from
+    #: ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``. When a token is found, ``RAY_AUTH_MODE=token`` is set.
+    auth_token_file: str | None = None
 
 
 @attrs.frozen(kw_only=True)

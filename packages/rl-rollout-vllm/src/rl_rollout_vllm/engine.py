@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -49,6 +50,8 @@ class VllmEngine:
             placement=config.cluster.placement,
             gpus_per_worker=float(section.tensor_parallel_size) if use_gpu else 0.0,
             env_vars=engine_environment(section),
+            required_paths=[config.policy.model_name],
+            log_dir=Path(config.run_dir).resolve() / "logs",
         )
 
     def _check(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> None:

@@ -1,0 +1,148 @@
+"""A real multi-node Ray cluster on this machine: a head and a second node started with ``ray start``, each with
+its own resources and temp dir, stopped by the test through its own processes (never a machine-wide
+``ray stop``). A short GRPO job places its 2 data-parallel ranks on different nodes; the same job runs against a
+token-authenticated cluster; and a training worker killed mid-run stops the run with a message naming it."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+TOKEN = "rl-core-test-token-0123456789abcdef0123456789abcdef"
+JOB = [
+    "warmup_recipe=null", "grpo.max_num_steps=2", "grpo.val_period=2", "grpo.max_val_samples=16",
+    "checkpointing.save_period=1", "logger.progress=false",
+]
+
+
+def ray_exe() -> str:
+    exe = Path(sys.executable).with_name("ray")
+    return str(exe) if exe.exists() else shutil.which("ray")
+
+
+class Cluster:
+    """A head and a second node, as two `ray start --block` process groups with their own temp dirs."""
+
+    def __init__(self, root: Path, auth: str) -> None:
+        self.root, self.port = root, _free_port()
+        self.env = {**os.environ, "RAY_AUTH_MODE": auth}
+        if auth == "token":
+            self.env["RAY_AUTH_TOKEN"] = TOKEN
+        self.procs: list[subprocess.Popen] = []
+        self.dirs = [root / "h", root / "w"]  # short: Ray's socket paths must stay under 107 characters
+
+    def start(self) -> "Cluster":
+        common = ["--num-cpus=3", "--block", "--disable-usage-stats"]
+        self._spawn("head", ["start", "--head", f"--port={self.port}", "--include-dashboard=false", f"--temp-dir={self.dirs[0]}", *common])
+        self._wait_nodes(1)
+        self._spawn("node2", ["start", f"--address=127.0.0.1:{self.port}", f"--temp-dir={self.dirs[1]}", *common])
+        self._wait_nodes(2)
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen([ray_exe(), *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def _wait_nodes(self, n: int) -> None:
+        probe = "import ray; ray.init(address='auto', log_to_driver=False); print(sum(x['Alive'] for x in ray.nodes()))"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            out = subprocess.run([sys.executable, "-c", probe], env={**self.env, "RAY_ADDRESS": self.address}, capture_output=True, text=True, timeout=120)
+            if out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(n):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the cluster did not reach {n} nodes: {(self.root / 'head.log').read_text()[-2000:]}")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        # the daemons `ray start` launched run in sessions of their own: find them by our temp dirs
+        marks = [str(d) for d in self.dirs]
+        for p in psutil.process_iter(["cmdline"]):
+            if any(m in " ".join(p.info["cmdline"] or []) for m in marks):
+                p.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(params=["disabled", "token"], ids=["no-auth", "token-auth"])
+def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
+    root = Path(f"/tmp/rlc{os.getpid()}{request.param[0]}")
+    root.mkdir(exist_ok=True)
+    c = Cluster(root, request.param)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_job(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rl_core.cli", "run", f"run_dir={run_dir}", *JOB, *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+def worker_nodes(output: str, group: str) -> dict[int, str]:
+    line = next(line for line in output.splitlines() if f"{group} workers:" in line)
+    return {int(r): node for r, node in re.findall(r"\[(\d+)\] pid \d+ on \S+ \(node ([0-9a-f]+)\)", line)}
+
+
+def test_two_ranks_spread_over_two_nodes(cluster: Cluster, tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    if cluster.env["RAY_AUTH_MODE"] == "token":
+        env["RAY_AUTH_TOKEN"] = TOKEN  # rl-core turns on RAY_AUTH_MODE=token itself when a token is at hand
+    out = run_job(tmp_path / "run", f"cluster.address={cluster.address}", "cluster.placement=spread", "policy.num_workers=2", env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    nodes = worker_nodes(out.stdout + out.stderr, "policy")
+    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
+    assert (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()
+
+
+def test_a_killed_training_worker_stops_the_run_and_it_resumes(tmp_path: Path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rl_core.cli", "run", f"run_dir={run}", *JOB, "grpo.max_num_steps=5", "policy.num_workers=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    pid = None
+    for line in proc.stdout:
+        lines.append(line)
+        if pid is None and "policy workers:" in line:
+            pid = int(re.search(r"\[1\] pid (\d+)", line).group(1))
+        if pid is not None and line.startswith("step 2/5"):
+            os.kill(pid, signal.SIGKILL)
+            break
+    rest, _ = proc.communicate(timeout=600)
+    output = " ".join(("".join(lines) + rest).split())
+    assert proc.returncode == 2, output[-3000:]
+    assert f"worker policy[1] (pid {pid}) on node" in output and "died" in output
+    assert "last log lines" in output and "Resume the run from its last checkpoint" in output
+    resumed = run_job(run, "grpo.max_num_steps=5", "policy.num_workers=2")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming from" in resumed.stdout
+    assert (run / "checkpoints" / "step_000005").is_dir()
