@@ -20,8 +20,12 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 TOKEN = "rl-core-test-token-0123456789abcdef0123456789abcdef"
 JOB = [
-    "warmup_recipe=null", "grpo.max_num_steps=2", "grpo.val_period=2", "grpo.max_val_samples=16",
-    "checkpointing.save_period=1", "logger.progress=false",
+    "warmup_recipe=null",
+    "grpo.max_num_steps=2",
+    "grpo.val_period=2",
+    "grpo.max_val_samples=16",
+    "checkpointing.save_period=1",
+    "logger.progress=false",
 ]
 
 
@@ -43,7 +47,17 @@ class Cluster:
 
     def start(self) -> "Cluster":
         common = ["--num-cpus=3", "--block", "--disable-usage-stats"]
-        self._spawn("head", ["start", "--head", f"--port={self.port}", "--include-dashboard=false", f"--temp-dir={self.dirs[0]}", *common])
+        self._spawn(
+            "head",
+            [
+                "start",
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.dirs[0]}",
+                *common,
+            ],
+        )
         self._wait_nodes(1)
         self._spawn("node2", ["start", f"--address=127.0.0.1:{self.port}", f"--temp-dir={self.dirs[1]}", *common])
         self._wait_nodes(2)
@@ -51,13 +65,23 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        self.procs.append(subprocess.Popen([ray_exe(), *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [ray_exe(), *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     def _wait_nodes(self, n: int) -> None:
         probe = "import ray; ray.init(address='auto', log_to_driver=False); print(sum(x['Alive'] for x in ray.nodes()))"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            out = subprocess.run([sys.executable, "-c", probe], env={**self.env, "RAY_ADDRESS": self.address}, capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-c", probe],
+                env={**self.env, "RAY_ADDRESS": self.address},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(n):
                 return
             time.sleep(1)
@@ -117,7 +141,13 @@ def test_two_ranks_spread_over_two_nodes(cluster: Cluster, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     if cluster.env["RAY_AUTH_MODE"] == "token":
         env["RAY_AUTH_TOKEN"] = TOKEN  # rl-core turns on RAY_AUTH_MODE=token itself when a token is at hand
-    out = run_job(tmp_path / "run", f"cluster.address={cluster.address}", "cluster.placement=spread", "policy.num_workers=2", env=env)
+    out = run_job(
+        tmp_path / "run",
+        f"cluster.address={cluster.address}",
+        "cluster.placement=spread",
+        "policy.num_workers=2",
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     nodes = worker_nodes(out.stdout + out.stderr, "policy")
     assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
@@ -126,7 +156,16 @@ def test_two_ranks_spread_over_two_nodes(cluster: Cluster, tmp_path: Path):
 
 def test_a_killed_training_worker_stops_the_run_and_it_resumes(tmp_path: Path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rl_core.cli", "run", f"run_dir={run}", *JOB, "grpo.max_num_steps=5", "policy.num_workers=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl_core.cli",
+        "run",
+        f"run_dir={run}",
+        *JOB,
+        "grpo.max_num_steps=5",
+        "policy.num_workers=2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     pid = None
