@@ -10,29 +10,35 @@ import attrs
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rl_core.batch import Batch, pad_rows
-from rl_core.data import Example
+from rl_core.data import EpochSampler, Example, load_split
 from rl_core.errors import InputError
 from rl_core.protocols import Rollout, SamplingParams
 from rl_core.run import RunContext
 
 
-def drive(
+def run_loop(
     ctx: RunContext,
     *,
+    rows_per_step: int,
     total_steps: int,
-    state: Mapping[str, Any] | None,
-    step_fn: Callable[[int], dict[str, float]],
-    validate: Callable[[], dict[str, float]] | None,
+    step_fn: Callable[[EpochSampler, int], dict[str, float]],
+    validate: Callable[[list[Example]], dict[str, float]],
     val_period: int,
     val_at_start: bool,
-    save_state: Callable[[], dict[str, Any]],
+    max_val_samples: int,
 ) -> dict[str, float]:
-    """Run steps ``start+1 .. total_steps``: step, validate every ``val_period``, log, checkpoint every
-    ``checkpointing.save_period``. Returns the last step's metrics."""
+    """The loop every algorithm shares: load the data, resume from the run folder's latest checkpoint, then for
+    steps ``start+1 .. total_steps``: ``step_fn(sampler, step)``, validate every ``val_period`` (on at most
+    ``max_val_samples`` held-out rows), log, checkpoint every ``checkpointing.save_period``. Returns the last
+    step's metrics."""
+    train = load_split(ctx.config.data, "train")
+    val = load_split(ctx.config.data, "val")[:max_val_samples]
+    state = ctx.resume()
     start = int(state["step"]) if state else 0
+    sampler = EpochSampler(train, rows_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     metrics: dict[str, float] = {}
-    if start == 0 and val_at_start and validate is not None:
-        ctx.log(0, validate(), total_steps)
+    if start == 0 and val_at_start and val:
+        ctx.log(0, validate(val), total_steps)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -44,12 +50,12 @@ def drive(
     with Progress(*columns, console=ctx.console, disable=not ctx.config.logger.progress, transient=True) as bar:
         task = bar.add_task(f"{ctx.config.algorithm} steps", total=total_steps, completed=start)
         for step in range(start + 1, total_steps + 1):
-            metrics = ctx.step(step, lambda step=step: step_fn(step))
-            if validate is not None and ctx.due(step, val_period, total_steps):
-                metrics = {**metrics, **validate()}
+            metrics = ctx.step(step, lambda step=step: step_fn(sampler, step))
+            if val and ctx.due(step, val_period, total_steps):
+                metrics = {**metrics, **validate(val)}
             ctx.log(step, metrics, total_steps)
             if ctx.due(step, ctx.config.checkpointing.save_period, total_steps):
-                ctx.save(step, save_state(), metrics)
+                ctx.save(step, {"data_position": sampler.position}, metrics)
             bar.advance(task)
     return metrics
 

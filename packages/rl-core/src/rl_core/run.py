@@ -115,6 +115,8 @@ class RunContext:
     rewards: list[tuple[float, str, RewardSource]]
     checkpoints: CheckpointManager
     loggers: list[MetricsLogger]
+    #: the final metrics, once the algorithm returns.
+    metrics: dict[str, float] = attrs.Factory(dict)
 
     @property
     def hook(self) -> Any:
@@ -231,6 +233,18 @@ def make_loggers(config: Config, registry: Registry, run_dir: Path) -> list[Metr
 
 def run_config(config: Config, registry: Registry, console: Console | None = None) -> dict[str, float]:
     """Run ``config`` to the end (resuming from the run folder's latest checkpoint) and return final metrics."""
+    with open_run(config, registry, console) as ctx:
+        ctx.metrics = registry.get("algorithm", ctx.config.algorithm).factory(ctx)
+        if ctx.config.checkpointing.export_final_hf:
+            ctx.backend.export_hf(ctx.run_dir / "final")
+            ctx.console.print(f"final policy written to {ctx.run_dir / 'final'}")
+        return ctx.metrics
+
+
+@contextlib.contextmanager
+def open_run(config: Config, registry: Registry, console: Console | None = None) -> Iterator[RunContext]:
+    """Prepare a run (folder, resolved config, selection, Ray, components) and tear it down afterwards; the
+    ``rl_run_start`` / ``rl_run_end`` hooks bracket it."""
     from rl_core.cluster import init_ray
 
     console = console or Console()
@@ -260,7 +274,7 @@ def run_config(config: Config, registry: Registry, console: Console | None = Non
     engine = transport = None
     rewards: list[tuple[float, str, RewardSource]] = []
     loggers = make_loggers(config, registry, run_dir)
-    metrics: dict[str, float] = {}
+    ctx: RunContext | None = None
     error: BaseException | None = None
     try:
         if chosen.engine is not None:
@@ -284,16 +298,12 @@ def run_config(config: Config, registry: Registry, console: Console | None = Non
             loggers=loggers,
         )
         registry.hook.rl_run_start(config=config, run_dir=run_dir)
-        metrics = registry.get("algorithm", config.algorithm).factory(ctx)
-        if config.checkpointing.export_final_hf:
-            backend.export_hf(run_dir / "final")
-            console.print(f"final policy written to {run_dir / 'final'}")
-        return metrics
+        yield ctx
     except BaseException as exc:
         error = exc
         raise
     finally:
-        registry.hook.rl_run_end(run_dir=run_dir, metrics=metrics, error=error)
+        registry.hook.rl_run_end(run_dir=run_dir, metrics=ctx.metrics if ctx else {}, error=error)
         for logger in loggers:
             logger.close()
         for _w, _n, source in rewards:

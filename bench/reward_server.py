@@ -1,0 +1,150 @@
+"""Reward-server throughput: samples/s with request batching (micro-batches of 64 across requests) against
+one-request-at-a-time scoring (micro-batch 1, no waiting), both at 64 concurrent clients sending one sample per
+request, with a tiny reward model; plus p50/p99 latency. Both servers are real uvicorn processes on loopback.
+
+    python bench/reward_server.py [--requests 2000] [--clients 64] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from harness import alternate, stats, write
+
+from rl_core.tiny_models import ensure_tiny_model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reward_model(root: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    base = ensure_tiny_model("qwen2-tiny")
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(base, num_labels=1)).save_pretrained(root)
+    AutoTokenizer.from_pretrained(base).save_pretrained(root)
+    return root
+
+
+def start(model: Path, micro: int, wait_ms: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rl_reward_server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--scorer",
+            f"reward_model:path={model},inference_micro_batch_size={max(micro, 1)}",
+            "--micro-batch-size",
+            str(micro),
+            "--max-wait-ms",
+            str(wait_ms),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError("server did not start")
+
+
+def load(url: str, requests: int, clients: int) -> tuple[float, list[float]]:
+    async def run() -> tuple[float, list[float]]:
+        sem = asyncio.Semaphore(clients)
+        latencies: list[float] = []
+
+        async def one(client: httpx.AsyncClient, i: int) -> None:
+            async with sem:
+                start = time.perf_counter()
+                r = await client.post(
+                    f"{url}/v1/score",
+                    json={"scorer": "reward_model", "prompts": [f"Q{i}: 3 + 4 = ?"], "responses": [f" {i % 19}"]},
+                )
+                r.raise_for_status()
+                latencies.append(time.perf_counter() - start)
+
+        async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as client:
+            start = time.perf_counter()
+            await asyncio.gather(*(one(client, i) for i in range(requests)))
+            return requests / (time.perf_counter() - start), latencies
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = reward_model(Path(tmp))
+        servers = {"batched": start(model, 64, 5.0), "one_at_a_time": start(model, 1, 0.0)}
+        lat: dict[str, list[float]] = {k: [] for k in servers}
+        try:
+            for _name, (_p, url) in servers.items():
+                load(url, 64, args.clients)  # warm-up
+
+            def side(name: str) -> list[float]:
+                rate, latencies = load(servers[name][1], args.requests, args.clients)
+                lat[name] += latencies
+                return [rate]
+
+            rates = alternate({k: (lambda k=k: side(k)) for k in servers}, args.reps)
+        finally:
+            for proc, _url in servers.values():
+                proc.terminate()
+                proc.wait(timeout=30)
+    b, o = stats(rates["batched"]), stats(rates["one_at_a_time"])
+
+    def pct(values: list[float], q: float) -> float:
+        values = sorted(values)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    write(
+        "reward_server",
+        {
+            "batched_samples_per_s": b,
+            "one_at_a_time_samples_per_s": o,
+            "speedup": b["median"] / o["median"],
+            "latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3} for k, v in lat.items()},
+        },
+        [
+            (
+                name,
+                f"{stats(rates[name])['median']:.0f}",
+                f"{pct(lat[name], 0.5) * 1e3:.1f}",
+                f"{pct(lat[name], 0.99) * 1e3:.1f}",
+            )
+            for name in servers
+        ]
+        + [("**batched / one-at-a-time**", f"**{b['median'] / o['median']:.1f}x**", "", "")],
+        ("server", "samples/s", "p50 ms", "p99 ms"),
+        notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients, tiny reward model "
+        f"(random-init Qwen2 sequence classifier), {args.reps} alternating repetitions.",
+    )
+
+
+if __name__ == "__main__":
+    main()

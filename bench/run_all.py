@@ -1,0 +1,14 @@
+"""Run every benchmark in turn (each writes bench/results/NAME.json and its section of docs/benchmarks.md)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+BENCHMARKS = ["reward_server.py", "train_throughput.py", "generation.py", "grpo_vs_trl.py"]
+
+if __name__ == "__main__":
+    only = sys.argv[1:] or BENCHMARKS
+    for name in only:
+        print(f"=== {name}", flush=True)
+        subprocess.run([sys.executable, str(HERE / name)], check=True, cwd=HERE)
