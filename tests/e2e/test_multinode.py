@@ -97,7 +97,7 @@ class Cluster:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.procs:
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         # the daemons `ray start` launched run in sessions of their own: find them by our temp dirs

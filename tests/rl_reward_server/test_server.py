@@ -73,7 +73,8 @@ def test_math_over_http_and_conformance(start_server):
 
 
 def test_two_thousand_requests_from_64_clients(start_server):
-    server = start_server("--scorer", "number_match", "--micro-batch-size", "64")
+    # a generous wait bound, so that batching shows even when the machine is busy and requests trickle in
+    server = start_server("--scorer", "number_match", "--micro-batch-size", "64", "--max-wait-ms", "50")
     n = 2000
 
     def expected(i: int) -> float:
@@ -105,7 +106,7 @@ def test_two_thousand_requests_from_64_clients(start_server):
         return float(next(line.split()[-1] for line in lines if line.startswith(f'{name}{{scorer="number_match"}}')))
 
     count, total = metric("reward_batch_size_count"), metric("reward_batch_size_sum")
-    assert total == n and count < n / 2, f"{count} scorer calls for {n} requests: requests were not batched"
+    assert total == n and count < n / 4, f"{count} scorer calls for {n} requests: requests were not batched"
 
 
 def test_client_survives_a_server_restart(start_server):

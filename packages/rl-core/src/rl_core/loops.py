@@ -97,19 +97,51 @@ class ScoredRollouts:
     metrics: dict[str, float]
 
 
+def colocated(ctx: RunContext) -> bool:
+    """Engine and trainer take turns on the same GPUs (on CPU there is no device memory to hand over)."""
+    from rl_core.run import detected_device
+
+    return ctx.config.policy.generation.colocated and detected_device() == "cuda"
+
+
 def generate_and_score(
     ctx: RunContext, examples: Sequence[Example], params: SamplingParams, phases: Any
 ) -> ScoredRollouts:
-    """``params.n`` rollouts per example, scored by the reward sources."""
+    """``params.n`` rollouts per example, scored by the reward sources. Colocated on GPUs, the trainer is
+    offloaded while the engine generates, and the engine sleeps afterwards."""
     assert ctx.engine is not None
     with phases("generate"):
+        if colocated(ctx):
+            ctx.backend.offload()
+            set_engine_awake(ctx, True)
         rollouts = ctx.engine.generate(encode_prompts(ctx, examples), params)
+        if colocated(ctx):
+            set_engine_awake(ctx, False)
+            ctx.backend.onload()
     key = ctx.config.data.prompt_key
     prompts = [examples[r.prompt_index][key] for r in rollouts]
     meta = [examples[r.prompt_index] for r in rollouts]
     with phases("score"):
         rewards, parts = ctx.score(prompts, [r.text for r in rollouts], meta)
     return ScoredRollouts(examples=list(examples), rollouts=rollouts, rewards=rewards, metrics=parts)
+
+
+def refit(ctx: RunContext) -> Any:
+    """Move the trainer's weights into the engine (waking it first when colocated)."""
+    assert ctx.engine is not None and ctx.transport is not None
+    if colocated(ctx):
+        set_engine_awake(ctx, True)
+    return ctx.transport.refit(ctx.backend, ctx.engine)
+
+
+def set_engine_awake(ctx: RunContext, awake: bool) -> None:
+    """Wake or put to sleep the engine, only if it is not already in that state."""
+    assert ctx.engine is not None
+    if awake and ctx.engine_asleep:
+        ctx.engine.wake()
+    elif not awake and not ctx.engine_asleep:
+        ctx.engine.sleep()
+    ctx.engine_asleep = not awake
 
 
 def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> Batch:

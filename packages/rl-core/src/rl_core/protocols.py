@@ -129,6 +129,14 @@ class RolloutEngine(Protocol):
         """Replace the engine's weights in place with those behind ``handles``."""
         ...
 
+    def sleep(self) -> None:
+        """Free device memory (weights, KV cache) while the trainer runs on the same devices."""
+        ...
+
+    def wake(self) -> None:
+        """Take the memory back before a refit or generation."""
+        ...
+
     def shutdown(self) -> None: ...
 
 

@@ -117,6 +117,8 @@ class RunContext:
     loggers: list[MetricsLogger]
     #: the final metrics, once the algorithm returns.
     metrics: dict[str, float] = attrs.Factory(dict)
+    #: whether a colocated engine has released its memory to the trainer.
+    engine_asleep: bool = False
 
     @property
     def hook(self) -> Any:
@@ -167,8 +169,10 @@ class RunContext:
         self.console.print(f"[bold]resuming[/bold] from {latest.path} (step {latest.step})")
         self.backend.load_checkpoint(latest.policy_dir)
         restore_rng(latest.state.get("rng", {}))
-        if self.engine is not None and self.transport is not None:
-            self.transport.refit(self.backend, self.engine)
+        if self.engine is not None:
+            from rl_core.loops import refit
+
+            refit(self)
         return dict(latest.state)
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float]) -> None:

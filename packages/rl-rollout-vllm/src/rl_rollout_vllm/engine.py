@@ -112,6 +112,12 @@ class VllmEngine:
         num_bytes, tensors, _ = results[0]
         return RefitStats(num_bytes=num_bytes, num_tensors=tensors, seconds=time.perf_counter() - start)
 
+    def sleep(self) -> None:
+        self.group.call("sleep")
+
+    def wake(self) -> None:
+        self.group.call("wake")
+
     def shutdown(self) -> None:
         self.group.shutdown()
 

@@ -118,6 +118,12 @@ class VllmWorker:
                 if output.finished:
                     yield self._sample(*pending[output.request_id], output)
 
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        self.llm.wake_up()
+
     def update_weights(self, arrays: dict[str, Any]) -> tuple[int, int, float]:
         """Reload weights in place from object-store arrays: (bytes, tensors, seconds)."""
         from rl_core.weights import from_shared, nbytes

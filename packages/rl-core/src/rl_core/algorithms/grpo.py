@@ -28,6 +28,7 @@ from rl_core.loops import (
     ScoredRollouts,
     generate_and_score,
     prefixed,
+    refit,
     rollout_batch,
     rollout_metrics,
     run_loop,
@@ -111,16 +112,15 @@ def grpo_step(
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
-    assert ctx.transport is not None and ctx.engine is not None
     with phases("refit"):
-        refit = ctx.transport.refit(ctx.backend, ctx.engine)
+        refit_stats = refit(ctx)
     return {
         **rollout_metrics(scored, gen_seconds),
         "reward_shaped": float(rewards.mean()),
         "prompts": float(P),
         **prefixed("train", train_metrics),
-        "refit/bytes": float(refit.num_bytes),
-        "refit/seconds": refit.seconds,
+        "refit/bytes": float(refit_stats.num_bytes),
+        "refit/seconds": refit_stats.seconds,
         **phases.metrics(),
         "time/step": time.perf_counter() - start,
     }

@@ -27,6 +27,7 @@ from rl_core.data import EpochSampler
 from rl_core.loops import (
     generate_and_score,
     prefixed,
+    refit,
     rollout_batch,
     rollout_metrics,
     run_loop,
@@ -95,17 +96,16 @@ def reinforce_step(
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
-    assert ctx.transport is not None and ctx.engine is not None
     with phases("refit"):
-        refit = ctx.transport.refit(ctx.backend, ctx.engine)
+        refit_stats = refit(ctx)
     kl = ((logprobs - reference) * batch["loss_mask"]).sum(1).mean()
     return {
         **rollout_metrics(scored, gen_seconds),
         "reward_with_kl": float(rewards.mean()),
         "train/kl": float(kl),
         **prefixed("train", train_metrics),
-        "refit/bytes": float(refit.num_bytes),
-        "refit/seconds": refit.seconds,
+        "refit/bytes": float(refit_stats.num_bytes),
+        "refit/seconds": refit_stats.seconds,
         **phases.metrics(),
         "time/step": time.perf_counter() - start,
     }
