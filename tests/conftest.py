@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RL_CORE_CACHE", str(ROOT / ".cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RL_MEGATRON_CHECKPOINT_DIR", str(ROOT / ".cache" / "megatron"))
 
 
 def free_port() -> int:

@@ -6,9 +6,8 @@ from typing import Any
 
 import attrs
 
-from rl_core.errors import PluginError
 from rl_core.hookspecs import hookimpl
-from rl_core.specs import TrainingBackendSpec
+from rl_core.specs import CliCommandSpec, TrainingBackendSpec
 
 _pos = attrs.validators.gt(0)
 
@@ -49,10 +48,30 @@ class MegatronConfig:
 
 
 def _factory(config: Any, section: MegatronConfig) -> Any:
-    raise PluginError(
-        "the megatron backend is registered (so configs validate and selection works), but its training workers "
-        "are not part of this release of rl-backend-megatron; use policy.backend=dtensor for now"
-    )
+    from rl_backend_megatron.backend import MegatronBackend
+
+    return MegatronBackend(config, section)
+
+
+def _configure_cli(parser: Any) -> None:
+    sub = parser.add_subparsers(dest="megatron_command", required=True)
+    convert = sub.add_parser("convert", help="convert a Hugging Face checkpoint once into the Megatron folder")
+    convert.add_argument("hf_dir")
+    convert.add_argument("--force", action="store_true", help="redo it even if a finished conversion exists")
+
+
+def _run_cli(args: Any) -> int:
+    from pathlib import Path
+
+    from rl_backend_megatron.convert import convert_once
+
+    convert_once(Path(args.hf_dir), force=args.force)
+    return 0
+
+
+@hookimpl
+def rl_cli_commands() -> list[CliCommandSpec]:
+    return [CliCommandSpec(name="megatron", help="megatron backend tools", configure=_configure_cli, run=_run_cli)]
 
 
 @hookimpl

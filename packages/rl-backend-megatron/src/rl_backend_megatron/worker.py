@@ -1,0 +1,244 @@
+"""One megatron-core rank (tensor x data parallel), run inside a Ray actor."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_backend_megatron.convert import CONVERTED, megatron_to_hf, shard, unshard
+from rl_backend_megatron.plugin import MegatronConfig
+from rl_core import batch as B
+from rl_core.config import PolicyConfig, SchedulerConfig
+from rl_core.optim import lr_multiplier
+from rl_core.protocols import LossFunction
+from rl_core.weights import to_shared
+
+OPTIMIZER_STATE = ("exp_avg", "exp_avg_sq")
+
+
+class MegatronWorker:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        converted: str,
+        policy: PolicyConfig,
+        cfg: MegatronConfig,
+        seed: int,
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.model_path, self.converted, self.policy, self.cfg = model_path, Path(converted), policy, cfg
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.manual_seed(seed)
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.reference: Any = None
+        self.steps = 0
+
+    def address(self) -> tuple[str, int]:
+        from rl_core.cluster import free_port, node_address
+
+        return node_address()[0], free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        from rl_backend_megatron import compat
+
+        compat.apply()
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from transformers import AutoConfig
+
+        ps.initialize_model_parallel(tensor_model_parallel_size=self.cfg.tensor_model_parallel_size)
+        self.ps = ps
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        model = self._load_model()
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        )
+        self.model = DistributedDataParallel(model.config, ddp_config, model)
+        o = self.cfg.optimizer
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer=o.optimizer,
+                lr=o.lr,
+                min_lr=o.min_lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.adam_beta1,
+                adam_beta2=o.adam_beta2,
+                adam_eps=o.adam_eps,
+                clip_grad=o.clip_grad,
+                bf16=False,
+                fp16=False,
+            ),
+            [self.model],
+        )
+        s = self.cfg.scheduler
+        self.schedule = SchedulerConfig(
+            name={"constant": "constant", "cosine": "cosine", "linear": "linear"}[s.lr_decay_style],
+            warmup_steps=s.lr_warmup_iters,
+            total_steps=s.lr_decay_iters,
+            min_lr_ratio=o.min_lr / o.lr,
+        )
+        from rl_core.cluster import node_address
+
+        ip, node_id = node_address()
+        return {
+            "rank": self.rank,
+            "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "dp_rank": ps.get_data_parallel_rank(),
+            "ip": ip,
+            "node_id": node_id,
+        }
+
+    def _load_model(self, state: dict[str, torch.Tensor] | None = None) -> Any:
+        """A GPTModel holding this rank's shard of ``state`` (default: the converted weights)."""
+        from safetensors.torch import load_file
+
+        from rl_backend_megatron.model import build_gpt
+
+        tp, tp_rank = self.cfg.tensor_model_parallel_size, self.ps.get_tensor_model_parallel_rank()
+        model = build_gpt(self.hf_config, tp, 1).to(self.device)
+        full = state if state is not None else load_file(str(self.converted / CONVERTED))
+        missing, unexpected = model.load_state_dict(
+            {k: shard(k, v, tp_rank, tp) for k, v in full.items()}, strict=False
+        )
+        missing = [m for m in missing if not m.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        return model
+
+    # -- forward and training -----------------------------------------------------------------------------------
+
+    def _logprobs(self, model: Any, mb: B.Batch) -> torch.Tensor:
+        from rl_backend_megatron.model import token_logprobs
+
+        ids = mb["input_ids"].to(self.device)
+        return token_logprobs(model, ids) * mb["attention_mask"].to(self.device)
+
+    @torch.no_grad()
+    def logprobs(self, shard_: B.Batch, reference: bool = False) -> torch.Tensor:
+        if reference and self.reference is None:
+            self.reference = self._load_model().eval()
+        model = self.reference if reference else self.model
+        model.eval()
+        parts = [
+            self._logprobs(model, mb).float().cpu() for mb in B.micro_batches(shard_, self.policy.logprob_batch_size)
+        ]
+        return B.concat([{"input_ids": p} for p in parts])["input_ids"]
+
+    def train(self, shard_: B.Batch, loss_fn: LossFunction, normalizer: float) -> dict[str, float]:
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        dp = self.ps.get_data_parallel_world_size()
+        totals: dict[str, float] = {}
+        for mb in B.micro_batches(shard_, self.policy.train_micro_batch_size, loss_fn.group_size):
+            loss, metrics = loss_fn(mb, self._logprobs(self.model, mb), normalizer)
+            # Megatron DDP averages gradients over data-parallel ranks; the loss is already a share of the sum.
+            (loss * dp).backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self.model.finish_grad_sync()
+        lr = self.cfg.optimizer.lr * lr_multiplier(self.schedule, self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        _ok, grad_norm, _zeros = self.optimizer.step()
+        self.steps += 1
+        return {**totals, "grad_norm": float(grad_norm or 0.0), "lr": lr}
+
+    # -- full weights ---------------------------------------------------------------------------------------------
+
+    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full tensors from this TP group's shards (every TP rank takes part)."""
+        group, tp = self.ps.get_tensor_model_parallel_group(), self.cfg.tensor_model_parallel_size
+        out = {}
+        for name, t in local.items():
+            t = t.detach().contiguous().cpu() if self.device.type == "cpu" else t.detach().contiguous()
+            if tp == 1:
+                out[name] = t.cpu()
+                continue
+            parts = [torch.empty_like(t) for _ in range(tp)]
+            dist.all_gather(parts, t, group=group)
+            out[name] = unshard(name, [p.cpu() for p in parts])
+        return out
+
+    def _named_params(self) -> dict[str, torch.nn.Parameter]:
+        return {n.removeprefix("module."): p for n, p in self.model.named_parameters()}
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        return self._gather({n: p.data for n, p in self._named_params().items()})
+
+    def weights_for_refit(self) -> Any:
+        import ray
+
+        hf = megatron_to_hf(self.full_weights(), self.hf_config)
+        return ray.put(to_shared(hf)) if self.rank == 0 else None
+
+    def export_hf(self, path: str) -> None:
+        hf = megatron_to_hf(self.full_weights(), self.hf_config)
+        if self.rank == 0:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+            model.load_state_dict(hf, strict=not self.hf_config.tie_word_embeddings)
+            model.save_pretrained(path, safe_serialization=True)
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+        dist.barrier()
+
+    # -- checkpoints: full (unsharded) tensors, so that any TP layout can load them ---------------------------------
+
+    def save_checkpoint(self, path: str) -> None:
+        params = self._named_params()
+        state = self.optimizer.optimizer.state
+        weights = self._gather({n: p.data for n, p in params.items()})
+        moments = {
+            f"{key}/{n}": self._gather({n: state[p][key]})[n]
+            for n, p in params.items()
+            if p in state
+            for key in OPTIMIZER_STATE
+        }
+        if self.rank == 0:
+            step = next((float(state[p]["step"]) for p in params.values() if p in state), 0.0)
+            torch.save(
+                {
+                    "weights": weights,
+                    "moments": moments,
+                    "adam_step": step,
+                    "steps": self.steps,
+                    "rng": torch.get_rng_state(),
+                },
+                Path(path) / "megatron_full.pt",
+            )
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        saved = torch.load(Path(path) / "megatron_full.pt", weights_only=False)
+        tp, tp_rank = self.cfg.tensor_model_parallel_size, self.ps.get_tensor_model_parallel_rank()
+        params = self._named_params()
+        state = self.optimizer.optimizer.state
+        with torch.no_grad():
+            for name, p in params.items():
+                p.data.copy_(shard(name, saved["weights"][name], tp_rank, tp))
+                if f"exp_avg/{name}" in saved["moments"]:
+                    entry = state[p]
+                    for key in OPTIMIZER_STATE:
+                        entry[key] = shard(name, saved["moments"][f"{key}/{name}"], tp_rank, tp).clone().to(p.device)
+                    entry["step"] = torch.tensor(saved["adam_step"])
+        self.steps = int(saved["steps"])
+        torch.set_rng_state(saved["rng"])
+
+    def offload(self) -> None:
+        return None
+
+    def onload(self) -> None:
+        return None
