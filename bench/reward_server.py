@@ -1,6 +1,6 @@
 """Reward-server throughput: samples/s with request batching (micro-batches of 64 across requests) against
 one-request-at-a-time scoring (micro-batch 1, no waiting), both at 64 concurrent clients sending one sample per
-request, with a tiny reward model; plus p50/p99 latency. Both servers are real uvicorn processes on loopback.
+request, with a small (~25M) reward model; plus p50/p99 latency. Both servers are real uvicorn processes on loopback.
 
     python bench/reward_server.py [--requests 2000] [--clients 64] [--reps 2]
 """
@@ -32,7 +32,7 @@ def reward_model(root: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    base = ensure_tiny_model("qwen2-tiny")
+    base = ensure_tiny_model("qwen2-small")
     torch.manual_seed(0)
     AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(base, num_labels=1)).save_pretrained(root)
     AutoTokenizer.from_pretrained(base).save_pretrained(root)
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = reward_model(Path(tmp))
-        servers = {"batched": start(model, 64, 5.0), "one_at_a_time": start(model, 1, 0.0)}
+        servers = {"batched": start(model, 64, 2.0), "one_at_a_time": start(model, 1, 0.0)}
         lat: dict[str, list[float]] = {k: [] for k in servers}
         try:
             for _name, (_p, url) in servers.items():
@@ -141,8 +141,8 @@ def main() -> None:
         ]
         + [("**batched / one-at-a-time**", f"**{b['median'] / o['median']:.1f}x**", "", "")],
         ("server", "samples/s", "p50 ms", "p99 ms"),
-        notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients, tiny reward model "
-        f"(random-init Qwen2 sequence classifier), {args.reps} alternating repetitions.",
+        notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients, small reward model "
+        f"(random-init ~25M Qwen2 sequence classifier), {args.reps} alternating repetitions.",
     )
 
 

@@ -53,6 +53,8 @@ def test_reward_model_scores_are_the_same_over_http(start_server, reward_model):
     local = RewardModelScorer(RewardModelConfig(path=str(reward_model), inference_micro_batch_size=4))
     expected = local.score(prompts, responses, [{}] * len(prompts))
     assert len(set(expected)) > 1
+    replicated = RewardModelScorer(RewardModelConfig(path=str(reward_model), inference_micro_batch_size=2, replicas=2))
+    assert replicated.score(prompts, responses, [{}] * len(prompts)) == pytest.approx(expected, abs=1e-5)
     server = start_server("--scorer", f"reward_model:path={reward_model},inference_micro_batch_size=4")
     remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="reward_model", batch_size=4))
     assert remote.score(prompts, responses, [{}] * len(prompts)) == pytest.approx(expected, abs=1e-5)

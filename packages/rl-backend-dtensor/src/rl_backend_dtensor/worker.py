@@ -16,12 +16,19 @@ from rl_core import batch as B
 from rl_core.config import PolicyConfig
 from rl_core.optim import make_optimizer, make_scheduler
 from rl_core.protocols import LossFunction
-from rl_core.weights import to_shared
+from rl_core.weights import to_cuda_ipc, to_shared
 
 
 class DTensorWorker:
     def __init__(
-        self, *, rank: int, world_size: int, model_path: str, policy: PolicyConfig, cfg: DTensorConfig, seed: int
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        policy: PolicyConfig,
+        cfg: DTensorConfig,
+        seed: int,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.policy, self.cfg = model_path, policy, cfg
@@ -156,20 +163,25 @@ class DTensorWorker:
 
     # -- weights and checkpoints ----------------------------------------------------------------------------------
 
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+    def _full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
         return get_model_state_dict(self.model, options=options)
 
     def weights_for_refit(self) -> Any:
-        """Rank 0 puts the full weights (Hugging Face names) into Ray's object store as numpy arrays, which
-        readers map zero-copy; other ranks take part in the gather and return None."""
+        """Rank 0's full weights (Hugging Face names) for the engine; other ranks take part in the gather and
+        return None. On CPU, numpy arrays in Ray's object store (mapped zero-copy); on a GPU shared with a
+        colocated engine, CUDA IPC handles (kept alive here until the next refit)."""
         import ray
 
-        full = self._full_state_dict()
+        ipc = self.device.type == "cuda" and self.policy.generation.colocated
+        full = self._full_state_dict(on_device=ipc)
         if self.rank != 0:
             return None
+        if ipc:
+            self._refit_keepalive = full
+            return to_cuda_ipc(full)
         return ray.put(to_shared(full))
 
     def save_checkpoint(self, path: str) -> None:

@@ -16,7 +16,7 @@ from rl_core import batch as B
 from rl_core.config import PolicyConfig, SchedulerConfig
 from rl_core.optim import lr_multiplier
 from rl_core.protocols import LossFunction
-from rl_core.weights import to_shared
+from rl_core.weights import to_cuda_ipc, to_shared
 
 OPTIMIZER_STATE = ("exp_avg", "exp_avg_sq")
 
@@ -158,31 +158,37 @@ class MegatronWorker:
 
     # -- full weights ---------------------------------------------------------------------------------------------
 
-    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Full tensors from this TP group's shards (every TP rank takes part)."""
+    def _gather(self, local: dict[str, torch.Tensor], on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full tensors from this TP group's shards (every TP rank takes part); on CPU unless ``on_device``."""
         group, tp = self.ps.get_tensor_model_parallel_group(), self.cfg.tensor_model_parallel_size
         out = {}
         for name, t in local.items():
-            t = t.detach().contiguous().cpu() if self.device.type == "cpu" else t.detach().contiguous()
-            if tp == 1:
-                out[name] = t.cpu()
-                continue
-            parts = [torch.empty_like(t) for _ in range(tp)]
-            dist.all_gather(parts, t, group=group)
-            out[name] = unshard(name, [p.cpu() for p in parts])
+            t = t.detach().contiguous()
+            if tp > 1:
+                parts = [torch.empty_like(t) for _ in range(tp)]
+                dist.all_gather(parts, t, group=group)
+                t = unshard(name, parts)
+            out[name] = t if on_device else t.cpu()
         return out
 
     def _named_params(self) -> dict[str, torch.nn.Parameter]:
         return {n.removeprefix("module."): p for n, p in self.model.named_parameters()}
 
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        return self._gather({n: p.data for n, p in self._named_params().items()})
+    def full_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        return self._gather({n: p.data for n, p in self._named_params().items()}, on_device)
 
     def weights_for_refit(self) -> Any:
+        """Rank 0's full weights in Hugging Face names: object-store arrays on CPU, CUDA IPC handles on a GPU
+        shared with a colocated engine (kept alive until the next refit)."""
         import ray
 
-        hf = megatron_to_hf(self.full_weights(), self.hf_config)
-        return ray.put(to_shared(hf)) if self.rank == 0 else None
+        hf = megatron_to_hf(self.full_weights(on_device=True), self.hf_config)
+        if self.rank != 0:
+            return None
+        if self.device.type == "cuda" and self.policy.generation.colocated:
+            self._refit_keepalive = hf
+            return to_cuda_ipc(hf)
+        return ray.put(to_shared(hf))
 
     def export_hf(self, path: str) -> None:
         hf = megatron_to_hf(self.full_weights(), self.hf_config)

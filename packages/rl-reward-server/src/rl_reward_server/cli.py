@@ -30,7 +30,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--token", default=None, help=f"bearer token required on every request (or ${TOKEN_ENV})")
     p.add_argument("--micro-batch-size", type=int, default=64, help="samples per scorer call across requests")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a short batch waits for more requests")
     p.add_argument("--max-batch-size", type=int, default=4096, help="most samples one request may carry")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
 

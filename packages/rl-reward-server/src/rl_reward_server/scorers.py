@@ -54,12 +54,17 @@ class RewardModelConfig:
     max_length: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     #: text between prompt and response when they are joined for the model.
     separator: str = ""
+    #: data-parallel copies of the model; micro-batches are spread over them.
+    replicas: int = attrs.field(default=1, validator=attrs.validators.gt(0))
 
 
 class RewardModelScorer:
-    """The reward model's single logit for ``prompt + separator + response``, in micro-batches."""
+    """The reward model's single logit for ``prompt + separator + response``, in micro-batches of
+    ``inference_micro_batch_size`` spread over ``replicas`` copies of the model (one thread each)."""
 
     def __init__(self, cfg: RewardModelConfig) -> None:
+        import queue
+
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -67,30 +72,43 @@ class RewardModelScorer:
             raise InputError(f"reward model folder {cfg.path!r} does not exist or has no config.json")
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(cfg.path, dtype=torch.float32).eval()
-        if self.model.config.num_labels != 1:
-            raise InputError(f"reward model {cfg.path!r} has {self.model.config.num_labels} outputs; it must have 1")
-        self.lock = threading.Lock()
+        models = [
+            AutoModelForSequenceClassification.from_pretrained(cfg.path, dtype=torch.float32).eval()
+            for _ in range(cfg.replicas)
+        ]
+        if models[0].config.num_labels != 1:
+            raise InputError(f"reward model {cfg.path!r} has {models[0].config.num_labels} outputs; it must have 1")
+        self.free: queue.Queue[Any] = queue.Queue()
+        for model in models:
+            self.free.put(model)
+
+    def _micro_batch(self, texts: list[str]) -> list[float]:
+        import torch
+
+        model = self.free.get()  # a replica no other thread is using
+        try:
+            enc = self.tokenizer(
+                texts, return_tensors="pt", padding=True, truncation=True, max_length=self.cfg.max_length
+            )
+            with torch.no_grad():
+                return model(**enc).logits[:, 0].float().tolist()
+        finally:
+            self.free.put(model)
 
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> list[float]:
-        import torch
+        from concurrent.futures import ThreadPoolExecutor
 
         texts = [p + self.cfg.separator + r for p, r in zip(prompts, responses, strict=True)]
-        out: list[float] = []
         step = self.cfg.inference_micro_batch_size
-        with self.lock, torch.no_grad():
-            for i in range(0, len(texts), step):
-                enc = self.tokenizer(
-                    texts[i : i + step],
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.cfg.max_length,
-                )
-                out += self.model(**enc).logits[:, 0].float().tolist()
-        return out
+        chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
+        if self.cfg.replicas == 1 or len(chunks) == 1:
+            parts = [self._micro_batch(c) for c in chunks]
+        else:
+            with ThreadPoolExecutor(self.cfg.replicas) as pool:
+                parts = list(pool.map(self._micro_batch, chunks))
+        return [r for part in parts for r in part]
 
     def close(self) -> None:
         return None

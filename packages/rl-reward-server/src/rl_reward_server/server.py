@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @attrs.frozen(kw_only=True)
 class ServerSettings:
     micro_batch_size: int = 64
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 2.0
     max_batch_size: int = 4096
     max_body_bytes: int = 8 * 1024 * 1024
     token: str | None = None
@@ -87,18 +87,24 @@ class Batcher:
         return await future
 
     async def _loop(self) -> None:
+        """Take everything already queued (up to the micro-batch size) at once; wait at most ``max_wait_ms`` for
+        more only while the batch is short. Under load the queue fills while the scorer runs, so batches form
+        without adding latency."""
         while True:
             jobs = [await self.queue.get()]
             size = len(jobs[0].prompts)
             deadline = time.monotonic() + self.settings.max_wait_ms / 1000
             while size < self.settings.micro_batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
                 try:
-                    job = await asyncio.wait_for(self.queue.get(), remaining)
-                except TimeoutError:
-                    break
+                    job = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    try:
+                        job = await asyncio.wait_for(self.queue.get(), remaining)
+                    except TimeoutError:
+                        break
                 jobs.append(job)
                 size += len(job.prompts)
             await self._run(jobs)

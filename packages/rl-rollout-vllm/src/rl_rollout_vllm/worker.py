@@ -132,4 +132,5 @@ class VllmWorker:
         named = list(from_shared(arrays))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
         self.llm.reset_prefix_cache()
-        return nbytes(arrays), len(named), time.perf_counter() - start
+        size = nbytes(arrays) or sum(t.numel() * t.element_size() for _, t in named)
+        return size, len(named), time.perf_counter() - start
