@@ -65,7 +65,7 @@ def write(
     payload = {
         "name": name,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
+        "command": " ".join(["python", _relative(sys.argv[0]), *sys.argv[1:]]),
         "machine": info,
         **result,
     }
@@ -96,6 +96,11 @@ def write(
     )
     TABLE.write_text(text)
     print(section)
+
+
+def _relative(script: str) -> str:
+    path = Path(script).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else script
 
 
 def fmt(value: float, digits: int = 3) -> str:

@@ -46,10 +46,15 @@ def init_ray(cfg: ClusterConfig) -> None:
                 else "check that the token matches the cluster's (RAY_AUTH_TOKEN on every node)"
             )
             raise RLCoreError(f"cannot join the Ray cluster at {address}: {exc}; {hint}") from None
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if alive < cfg.num_nodes:
+            raise RLCoreError(
+                f"cluster.num_nodes is {cfg.num_nodes}, but the Ray cluster at {address} has {alive} live node(s); "
+                "start Ray on the missing nodes, or lower cluster.num_nodes"
+            )
         return
-    # Logical CPUs for scheduling; workers set their own thread counts. At least 8 so that a trainer group and
-    # an engine fit on a 2-core laptop (they take turns: generation, then training).
-    num_cpus = cfg.num_cpus or max(os.cpu_count() or 1, 8)
+    # Logical CPUs for scheduling; workers set their own thread counts.
+    num_cpus = cfg.cpus_per_node or max(os.cpu_count() or 1, 8)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
 
 

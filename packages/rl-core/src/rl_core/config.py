@@ -115,9 +115,12 @@ class ClusterConfig:
     """Ray. ``address`` (or ``RAY_ADDRESS``) joins an existing cluster; unset, a local one is started."""
 
     address: str | None = None
-    num_cpus: int | None = None
+    #: nodes the run expects; joining a cluster with fewer live nodes is an error.
     num_nodes: int = attrs.field(default=1, validator=_pos)
+    #: logical CPUs per node for a local Ray (unset: the machine's cores, at least 8, so that a trainer group and
+    #: an engine fit on a laptop: they take turns, generation then training).
     cpus_per_node: int | None = None
+    #: GPUs per node; also makes workers ask Ray for a GPU when the driver itself sees none.
     gpus_per_node: int = attrs.field(default=0, validator=_nonneg)
     #: ``pack`` worker groups onto as few nodes as possible, or ``spread`` them over the nodes.
     placement: Literal["pack", "spread"] = "pack"
