@@ -168,7 +168,9 @@ class DTensorWorker:
         (refit and export then read the live parameters)."""
         if self.world_size == 1:
             local = {n: t.to_local() if hasattr(t, "to_local") else t for n, t in self.model.state_dict().items()}
-            return {n: t.detach() if on_device or t.device.type == "cpu" else t.detach().cpu() for n, t in local.items()}
+            return {
+                n: t.detach() if on_device or t.device.type == "cpu" else t.detach().cpu() for n, t in local.items()
+            }
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
