@@ -9,7 +9,7 @@ from rl_core import batch as B
 from rl_core.config import LossConfig, load_config
 from rl_core.errors import InputError
 from rl_core.losses import ClippedPGLoss, NLLLoss
-from rl_core.testing.conformance import check_training_backend, sample_batch
+from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.weights import from_shared
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -101,8 +101,6 @@ def _initial_arrays(path: Path):
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 def test_logprobs_match_hugging_face(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path, packing):
-    from transformers import AutoModelForCausalLM
-
     batch = pg_batch(tokenizer)
     backend = make_backend(
         rl_registry, tiny_model_path, tmp_path, f"policy.dtensor_cfg.sequence_packing={packing}", "policy.num_workers=2"
@@ -111,13 +109,7 @@ def test_logprobs_match_hugging_face(ray_session, rl_registry, tiny_model_path, 
         ours = backend.logprobs(batch)
     finally:
         backend.shutdown()
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    with torch.no_grad():
-        hf = B.token_logprobs(
-            model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
-        )
-    hf = hf * batch["attention_mask"]
-    assert float((ours - hf).abs().max()) < 1e-5
+    assert float((ours - hf_logprobs(tiny_model_path, batch)).abs().max()) < 1e-5
 
 
 def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):

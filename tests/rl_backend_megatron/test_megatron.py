@@ -8,7 +8,7 @@ import torch
 from rl_core import batch as B
 from rl_core.config import LossConfig, load_config
 from rl_core.losses import ClippedPGLoss
-from rl_core.testing.conformance import check_training_backend, sample_batch
+from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.weights import from_shared
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.slow]
@@ -57,17 +57,6 @@ def pg_batch(tokenizer) -> B.Batch:
     batch = B.select(batch, slice(0, 8))
     batch["advantages"] = torch.randn(8, 1, generator=torch.Generator().manual_seed(0)) * batch["loss_mask"]
     return batch
-
-
-def hf_logprobs(path, batch):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        lp = B.token_logprobs(
-            model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
-        )
-    return lp * batch["attention_mask"]
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])

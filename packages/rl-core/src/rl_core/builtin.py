@@ -11,68 +11,41 @@ from rl_core.protocols import RefitStats, RolloutEngine, TrainingBackend
 from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec, WeightTransportSpec
 
 
-def _run_grpo(ctx: Any) -> dict[str, float]:
-    from rl_core.algorithms import grpo
-
-    return grpo.run(ctx)
-
-
-def _run_reinforce(ctx: Any) -> dict[str, float]:
-    from rl_core.algorithms import reinforce
-
-    return reinforce.run(ctx)
-
-
-def _run_sft(ctx: Any) -> dict[str, float]:
-    from rl_core.algorithms import sft
-
-    return sft.run(ctx)
-
-
-def _run_dpo(ctx: Any) -> dict[str, float]:
-    from rl_core.algorithms import dpo
-
-    return dpo.run(ctx)
-
-
 @hookimpl
 def rl_algorithms() -> list[AlgorithmSpec]:
-    from rl_core.algorithms.dpo import DPOConfig
-    from rl_core.algorithms.grpo import GRPOConfig
-    from rl_core.algorithms.reinforce import ReinforceConfig
-    from rl_core.algorithms.sft import SFTConfig
+    from rl_core.algorithms import dpo, grpo, reinforce, sft
 
     return [
         AlgorithmSpec(
             name="grpo",
-            factory=_run_grpo,
+            factory=grpo.run,
             config_key="grpo",
-            config_class=GRPOConfig,
+            config_class=grpo.GRPOConfig,
             description="GRPO with DAPO options",
             package="rl-core",
         ),
         AlgorithmSpec(
             name="reinforce",
-            factory=_run_reinforce,
+            factory=reinforce.run,
             config_key="reinforce",
-            config_class=ReinforceConfig,
+            config_class=reinforce.ReinforceConfig,
             description="REINFORCE, RLOO baseline, KL to the initial policy in the reward",
             package="rl-core",
         ),
         AlgorithmSpec(
             name="sft",
-            factory=_run_sft,
+            factory=sft.run,
             config_key="sft",
-            config_class=SFTConfig,
+            config_class=sft.SFTConfig,
             uses_rollout=False,
             description="supervised fine-tuning",
             package="rl-core",
         ),
         AlgorithmSpec(
             name="dpo",
-            factory=_run_dpo,
+            factory=dpo.run,
             config_key="dpo",
-            config_class=DPOConfig,
+            config_class=dpo.DPOConfig,
             uses_rollout=False,
             description="direct preference optimisation",
             package="rl-core",

@@ -34,9 +34,22 @@ def sample_batch(tokenizer: Any, prompts: Sequence[str] = PROMPTS, response: str
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
-def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: Path) -> None:
+def hf_logprobs(model_path: str | Path, batch: Batch) -> Any:
+    """``[B, T]`` logprobs of ``batch`` under a plain Hugging Face forward pass (fp32), zero on padding: the
+    reference every training backend is compared with."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    from rl_core.batch import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return token_logprobs(logits, batch["input_ids"]) * batch["attention_mask"]
+
+
+def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: Path) -> None:
+    import torch
 
     from rl_core.losses import NLLLoss
 
@@ -59,14 +72,7 @@ def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: P
     backend.load_checkpoint(tmp_path / "ckpt")
     assert torch.allclose(backend.logprobs(batch), before, atol=1e-5), "load_checkpoint must restore the weights"
     backend.export_hf(tmp_path / "hf")
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    from rl_core.batch import token_logprobs
-
-    with torch.no_grad():
-        hf = token_logprobs(
-            model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
-        )
-    hf = hf * batch["attention_mask"]
+    hf = hf_logprobs(tmp_path / "hf", batch)
     assert torch.allclose(hf, before, atol=1e-4), "export_hf must give a model with the same logprobs"
     assert list(backend.weights_for_refit()), "weights_for_refit must return at least one handle"
 
