@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from harness import alternate, stats, write
 
-from rl_core.protocols import SamplingParams
+from rl_core.protocols import RefitRoute, SamplingParams
 from rl_core.tiny_models import ensure_tiny_model
 
 PROMPTS, NEW_TOKENS = 64, 64
@@ -61,7 +61,7 @@ def safetensors_refit(engine, backend) -> float:
     from rl_core.weights import from_shared
 
     start = time.perf_counter()
-    (ref,) = backend.weights_for_refit()
+    (ref,) = backend.weights_for_refit(RefitRoute())
     blob = save({k: v.clone() for k, v in from_shared(ray.get(ref))})
 
     def reload(worker, data: bytes) -> None:
@@ -102,14 +102,20 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
             seconds, tokens = hf_generate(hf, tokenizer, ids)
             return [tokens / seconds]
 
-        def refit() -> list[float]:
+        def refit(kind: str) -> list[float]:
+            route = RefitRoute(kind=kind, receivers=engine.weight_receivers() if kind == "broadcast" else 0)
             start = time.perf_counter()
-            engine.update_weights(backend.weights_for_refit())
+            engine.update_weights(backend.weights_for_refit(route))
             return [time.perf_counter() - start]
 
         rates = alternate({"vllm": ours, "hf": baseline}, reps)
-        size = engine.update_weights(backend.weights_for_refit()).num_bytes  # also a warm-up
-        routes = {"object_store": refit, "safetensors_bytes": lambda: [safetensors_refit(engine, backend)]}
+        size = engine.update_weights(backend.weights_for_refit(RefitRoute())).num_bytes  # also a warm-up
+        refit("broadcast")  # warm-up: forms the broadcast group
+        routes = {
+            "object_store": lambda: refit("object_store"),
+            "broadcast": lambda: refit("broadcast"),
+            "safetensors_bytes": lambda: [safetensors_refit(engine, backend)],
+        }
         refits = alternate(routes, reps)
         engine.shutdown()
         backend.shutdown()
@@ -120,6 +126,7 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
         "hf_tokens_per_s": stats(rates["hf"]),
         "refit_bytes": size,
         "refit_s": r,
+        "broadcast_refit_s": stats(refits["broadcast"]),
         "safetensors_refit_s": stats(refits["safetensors_bytes"]),
         "refit_gb_per_s": size / r["median"] / 1e9,
     }
@@ -136,7 +143,10 @@ def main() -> None:
     results = [measure(name, args.reps, registry) for name in args.models.split(",")]
     gen_rows, refit_rows = [], []
     for res in results:
-        v, h, r, s = (res[k] for k in ("vllm_tokens_per_s", "hf_tokens_per_s", "refit_s", "safetensors_refit_s"))
+        v, h, r, b, s = (
+            res[k]
+            for k in ("vllm_tokens_per_s", "hf_tokens_per_s", "refit_s", "broadcast_refit_s", "safetensors_refit_s")
+        )
         size = res["refit_bytes"]
         gen_rows.append(
             (res["model"], f"{v['median']:.0f}", f"{h['median']:.0f}", f"**{v['median'] / h['median']:.2f}x**")
@@ -147,6 +157,7 @@ def main() -> None:
                 f"{size / 1e6:.1f}",
                 f"{r['median'] * 1e3:.0f}",
                 f"{size / r['median'] / 1e9:.2f}",
+                f"{b['median'] * 1e3:.0f}",
                 f"{s['median'] * 1e3:.0f}",
                 f"**{s['median'] / r['median']:.2f}x**",
             )
@@ -163,9 +174,18 @@ def main() -> None:
         "refit",
         {"results": results},
         refit_rows,
-        ("model", "MB", "refit ms (object store)", "GB/s", "safetensors-bytes route ms", "speedup"),
+        (
+            "model",
+            "MB",
+            "refit ms (object store)",
+            "GB/s",
+            "broadcast route ms (gloo)",
+            "safetensors-bytes route ms",
+            "object store vs safetensors",
+        ),
         notes="Trainer rank -> Ray object store (numpy views, zero-copy reads) -> vLLM `reload_weights`, against "
-        "serialising the same weights to safetensors bytes and reloading those.",
+        "serialising the same weights to safetensors bytes and reloading those; the broadcast route (NCCL's on GPU) "
+        "measured over gloo.",
     )
 
 

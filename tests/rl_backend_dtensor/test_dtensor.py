@@ -9,6 +9,7 @@ from rl_core import batch as B
 from rl_core.config import LossConfig, load_config
 from rl_core.errors import InputError
 from rl_core.losses import ClippedPGLoss, NLLLoss
+from rl_core.protocols import RefitRoute
 from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.weights import from_shared
 
@@ -55,7 +56,7 @@ def pg_batch(tokenizer) -> B.Batch:
 def weights(backend) -> dict[str, torch.Tensor]:
     import ray
 
-    (ref,) = backend.weights_for_refit()
+    (ref,) = backend.weights_for_refit(RefitRoute())
     return {k: v.clone() for k, v in from_shared(ray.get(ref))}
 
 

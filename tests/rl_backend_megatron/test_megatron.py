@@ -8,6 +8,7 @@ import torch
 from rl_core import batch as B
 from rl_core.config import LossConfig, load_config
 from rl_core.losses import ClippedPGLoss
+from rl_core.protocols import RefitRoute
 from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.weights import from_shared
 
@@ -145,7 +146,7 @@ def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tmp_path):
     )
     try:
         check_training_backend(backend, tokenizer_of(tiny_model_path), tmp_path)
-        (ref,) = backend.weights_for_refit()
+        (ref,) = backend.weights_for_refit(RefitRoute())
         import ray
 
         names = {k for k, _ in from_shared(ray.get(ref))}

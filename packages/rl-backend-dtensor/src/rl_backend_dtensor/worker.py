@@ -15,8 +15,8 @@ from rl_backend_dtensor.plugin import DTensorConfig
 from rl_core import batch as B
 from rl_core.config import PolicyConfig
 from rl_core.optim import make_optimizer, make_scheduler
-from rl_core.protocols import LossFunction
-from rl_core.weights import to_cuda_ipc, to_shared
+from rl_core.protocols import LossFunction, RefitRoute
+from rl_core.weights import RefitSender
 
 
 class DTensorWorker:
@@ -38,6 +38,7 @@ class DTensorWorker:
         torch.manual_seed(seed)
         self.model: Any = None
         self.reference: Any = None
+        self.refit_sender = RefitSender()
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -176,20 +177,11 @@ class DTensorWorker:
         options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
         return get_model_state_dict(self.model, options=options)
 
-    def weights_for_refit(self) -> Any:
-        """Rank 0's full weights (Hugging Face names) for the engine; other ranks take part in the gather and
-        return None. On CPU, numpy arrays in Ray's object store (mapped zero-copy); on a GPU shared with a
-        colocated engine, CUDA IPC handles (kept alive here until the next refit)."""
-        import ray
-
-        ipc = self.device.type == "cuda" and self.policy.generation.colocated
-        full = self._full_state_dict(on_device=ipc)
-        if self.rank != 0:
-            return None
-        if ipc:
-            self._refit_keepalive = full
-            return to_cuda_ipc(full)
-        return ray.put(to_shared(full))
+    def weights_for_refit(self, route: RefitRoute) -> Any:
+        """Rank 0's full weights (Hugging Face names) in ``route``'s form; other ranks take part in the gather
+        and return None."""
+        full = self._full_state_dict(on_device=route.kind != "object_store")
+        return self.refit_sender.publish(full, route) if self.rank == 0 else None
 
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp

@@ -9,11 +9,12 @@ from typing import Any
 
 from rl_backend_megatron.convert import convert_once
 from rl_backend_megatron.plugin import MegatronConfig
+from rl_backend_megatron.worker import DIST_CHECKPOINT
 from rl_core import batch as B
 from rl_core.cluster import WorkerGroup
 from rl_core.config import Config
 from rl_core.errors import ConfigError, InputError
-from rl_core.protocols import LossFunction
+from rl_core.protocols import LossFunction, RefitRoute
 
 log = logging.getLogger(__name__)
 
@@ -109,16 +110,18 @@ class MegatronBackend:
     def reference_logprobs(self, batch: B.Batch) -> Any:
         return self._logprobs(batch, reference=True)
 
-    def weights_for_refit(self) -> Sequence[Any]:
-        return [ref for ref in self.group.call("weights_for_refit") if ref is not None]
+    def weights_for_refit(self, route: RefitRoute) -> Sequence[Any]:
+        return [ref for ref in self.group.call("weights_for_refit", route) if ref is not None]
 
     def save_checkpoint(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         self.group.call("save_checkpoint", str(path))
 
     def load_checkpoint(self, path: Path) -> None:
-        if not (Path(path) / "megatron_full.pt").is_file():
-            raise InputError(f"{path} is not a checkpoint of the megatron backend (no megatron_full.pt)")
+        if not (Path(path) / "extra.pt").is_file() or not (Path(path) / DIST_CHECKPOINT).is_dir():
+            raise InputError(
+                f"{path} is not a checkpoint of the megatron backend (no {DIST_CHECKPOINT}/ Megatron dist-checkpoint)"
+            )
         self.group.call("load_checkpoint", str(path))
 
     def export_hf(self, path: Path) -> None:

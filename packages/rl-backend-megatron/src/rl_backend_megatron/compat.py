@@ -1,7 +1,7 @@
 """megatron-core on CPU: redirect its hard-coded CUDA calls. Applied only when CUDA is absent, once per process.
 
 megatron-core 0.16 calls ``torch.cuda.current_device()`` for buffers and RoPE, forks the CUDA RNG tracker for
-dropout, and builds causal masks with ``device="cuda"``; on a CPU-only torch each fails with "Torch not compiled
+dropout, builds causal masks with ``device="cuda"`` and synchronizes CUDA before writing a dist-checkpoint; on a CPU-only torch each fails with "Torch not compiled
 with CUDA enabled". Each redirect below is the smallest that keeps the call meaningful on CPU.
 """
 
@@ -21,6 +21,8 @@ def apply() -> None:
         return
     _applied = True
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    # dist-checkpointing's writer waits for device copies before writing: nothing to wait for on CPU
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
 
     from megatron.core.tensor_parallel import random as mp_random
 

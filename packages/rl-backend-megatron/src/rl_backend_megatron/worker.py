@@ -15,10 +15,11 @@ from rl_backend_megatron.plugin import MegatronConfig
 from rl_core import batch as B
 from rl_core.config import PolicyConfig, SchedulerConfig
 from rl_core.optim import lr_multiplier
-from rl_core.protocols import LossFunction
-from rl_core.weights import to_cuda_ipc, to_shared
+from rl_core.protocols import LossFunction, RefitRoute
+from rl_core.weights import RefitSender
 
-OPTIMIZER_STATE = ("exp_avg", "exp_avg_sq")
+#: the sub-folder of a run checkpoint holding the Megatron dist-checkpoint (model and optimizer).
+DIST_CHECKPOINT = "dist_checkpoint"
 
 
 class MegatronWorker:
@@ -40,6 +41,7 @@ class MegatronWorker:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         self.reference: Any = None
         self.steps = 0
+        self.refit_sender = RefitSender()
 
     def address(self) -> tuple[str, int]:
         from rl_core.cluster import free_port, node_address
@@ -177,18 +179,11 @@ class MegatronWorker:
     def full_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         return self._gather({n: p.data for n, p in self._named_params().items()}, on_device)
 
-    def weights_for_refit(self) -> Any:
-        """Rank 0's full weights in Hugging Face names: object-store arrays on CPU, CUDA IPC handles on a GPU
-        shared with a colocated engine (kept alive until the next refit)."""
-        import ray
-
+    def weights_for_refit(self, route: RefitRoute) -> Any:
+        """Rank 0's full weights in Hugging Face names, in ``route``'s form; other ranks take part in the
+        gather and return None."""
         hf = megatron_to_hf(self.full_weights(on_device=True), self.hf_config)
-        if self.rank != 0:
-            return None
-        if self.device.type == "cuda" and self.policy.generation.colocated:
-            self._refit_keepalive = hf
-            return to_cuda_ipc(hf)
-        return ray.put(to_shared(hf))
+        return self.refit_sender.publish(hf, route) if self.rank == 0 else None
 
     def export_hf(self, path: str) -> None:
         hf = megatron_to_hf(self.full_weights(), self.hf_config)
@@ -201,47 +196,47 @@ class MegatronWorker:
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
         dist.barrier()
 
-    # -- checkpoints: full (unsharded) tensors, so that any TP layout can load them ---------------------------------
+    # -- checkpoints: Megatron dist-checkpointing (torch_dist), loadable by any TP layout --------------------------
+
+    def _sharded_state(self, *, is_loading: bool) -> dict[str, Any]:
+        """Model and optimizer as sharded tensors. Adam's state is made complete first (zero moments, step 0:
+        what a first step would create), so that a checkpoint taken before any step loads like any other."""
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if opt.init_state_fn is not None:
+                opt.init_state_fn(opt.optimizer, opt.config)
+                for group in opt.optimizer.param_groups:
+                    for p in group["params"]:
+                        opt.optimizer.state[p].setdefault("step", torch.tensor(0.0))
+        model = self.model.module.sharded_state_dict()
+        return {"model": model, "optimizer": self.optimizer.sharded_state_dict(model, is_loading=is_loading)}
 
     def save_checkpoint(self, path: str) -> None:
-        params = self._named_params()
-        state = self.optimizer.optimizer.state
-        weights = self._gather({n: p.data for n, p in params.items()})
-        moments = {
-            f"{key}/{n}": self._gather({n: state[p][key]})[n]
-            for n, p in params.items()
-            if p in state
-            for key in OPTIMIZER_STATE
-        }
+        from megatron.core import dist_checkpointing
+
+        folder = Path(path) / DIST_CHECKPOINT
+        folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(is_loading=False), str(folder))
         if self.rank == 0:
-            step = next((float(state[p]["step"]) for p in params.values() if p in state), 0.0)
-            torch.save(
-                {
-                    "weights": weights,
-                    "moments": moments,
-                    "adam_step": step,
-                    "steps": self.steps,
-                    "rng": torch.get_rng_state(),
-                },
-                Path(path) / "megatron_full.pt",
-            )
+            torch.save({"steps": self.steps, "rng": torch.get_rng_state()}, Path(path) / "extra.pt")
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        saved = torch.load(Path(path) / "megatron_full.pt", weights_only=False)
-        tp, tp_rank = self.cfg.tensor_model_parallel_size, self.ps.get_tensor_model_parallel_rank()
-        params = self._named_params()
-        state = self.optimizer.optimizer.state
+        from megatron.core import dist_checkpointing
+
         with torch.no_grad():
-            for name, p in params.items():
-                p.data.copy_(shard(name, saved["weights"][name], tp_rank, tp))
-                if f"exp_avg/{name}" in saved["moments"]:
-                    entry = state[p]
-                    for key in OPTIMIZER_STATE:
-                        entry[key] = shard(name, saved["moments"][f"{key}/{name}"], tp_rank, tp).clone().to(p.device)
-                    entry["step"] = torch.tensor(saved["adam_step"])
-        self.steps = int(saved["steps"])
-        torch.set_rng_state(saved["rng"])
+            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(Path(path) / DIST_CHECKPOINT))
+            self.model.module.load_state_dict(state["model"], strict=False)
+            optim = state["optimizer"]
+            for part in optim if isinstance(optim, list) else [optim]:
+                # megatron stores one common step and none when it is 0: torch's Adam needs one per parameter
+                for entry in part["state"].values():
+                    if isinstance(entry, dict):
+                        entry.setdefault("step", torch.tensor(0.0))
+            self.optimizer.load_state_dict(optim)
+        extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+        self.steps = int(extra["steps"])
+        torch.set_rng_state(extra["rng"])
 
     def offload(self) -> None:
         return None

@@ -1,13 +1,15 @@
 """The core's own parts, registered through the same hooks as external plugins: the four algorithm loops, the
-rule-based reward sources, the optional metrics loggers and the object-store weight transport."""
+rule-based reward sources, the optional metrics loggers and the weight transports (one per route)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+import attrs
 
 from rl_core.hookspecs import hookimpl
-from rl_core.protocols import RefitStats, RolloutEngine, TrainingBackend
+from rl_core.protocols import RefitRoute, RefitStats, RolloutEngine, TrainingBackend
 from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec, WeightTransportSpec
 
 
@@ -101,12 +103,15 @@ def rl_loggers() -> list[LoggerSpec]:
     ]
 
 
-class ObjectStoreTransport:
-    """CPU route: the backend puts its full weights (Hugging Face names) into Ray's shared-memory object store;
-    every engine replica maps them zero-copy and reloads them in place."""
+@attrs.frozen
+class RouteTransport:
+    """Asks the backend for its weights in one route's form and hands them to the engine."""
+
+    kind: Literal["object_store", "cuda_ipc", "broadcast"]
 
     def refit(self, backend: TrainingBackend, engine: RolloutEngine) -> RefitStats:
-        return engine.update_weights(backend.weights_for_refit())
+        receivers = engine.weight_receivers() if self.kind == "broadcast" else 0
+        return engine.update_weights(backend.weights_for_refit(RefitRoute(kind=self.kind, receivers=receivers)))
 
 
 @hookimpl
@@ -114,12 +119,28 @@ def rl_weight_transports() -> list[WeightTransportSpec]:
     return [
         WeightTransportSpec(
             name="object_store",
-            factory=ObjectStoreTransport,
+            factory=lambda: RouteTransport("object_store"),
             priority=0,
-            supports=lambda _backend, _engine, _device: True,
+            supports=lambda _backend, _engine, _device, _colocated: True,
             description="Ray shared-memory object store (any device; the CPU default)",
             package="rl-core",
-        )
+        ),
+        WeightTransportSpec(
+            name="cuda_ipc",
+            factory=lambda: RouteTransport("cuda_ipc"),
+            priority=20,
+            supports=lambda _backend, _engine, device, colocated: device == "cuda" and colocated,
+            description="CUDA IPC handles: the engine copies from the trainer's GPU memory (colocated, GPU)",
+            package="rl-core",
+        ),
+        WeightTransportSpec(
+            name="broadcast",
+            factory=lambda: RouteTransport("broadcast"),
+            priority=20,
+            supports=lambda _backend, _engine, device, colocated: device == "cuda" and not colocated,
+            description="broadcast from the trainer's rank 0 to every engine process (NCCL on GPU, gloo on CPU)",
+            package="rl-core",
+        ),
     ]
 
 

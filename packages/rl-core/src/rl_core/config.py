@@ -71,6 +71,9 @@ class GenerationConfig:
     num_replicas: int = attrs.field(default=1, validator=_pos)
     #: share devices with the trainer (the engine sleeps while training where the platform allows).
     colocated: bool = True
+    #: name of a weight transport (``object_store``, ``cuda_ipc``, ``broadcast``); unset, the highest priority one
+    #: that serves this backend, engine, device and placement.
+    weight_transport: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -49,6 +49,17 @@ class Rollout:
 
 
 @attrs.frozen(kw_only=True)
+class RefitRoute:
+    """The route of one refit, chosen by the weight transport (``rl_core.weights`` implements each):
+    ``object_store`` (Ray shared memory), ``cuda_ipc`` (same GPU), ``broadcast`` (a process group from the
+    trainer's rank 0 to every engine process: NCCL on GPU, gloo on CPU)."""
+
+    kind: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
+    #: broadcast only: how many engine processes receive (``RolloutEngine.weight_receivers()``).
+    receivers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+
+@attrs.frozen(kw_only=True)
 class RefitStats:
     """What a weight refit moved and how long it took."""
 
@@ -102,8 +113,9 @@ class TrainingBackend(Protocol):
         """Write a Hugging Face folder (safetensors, config, tokenizer) loadable by ``from_pretrained``."""
         ...
 
-    def weights_for_refit(self) -> Sequence[Any]:
-        """Handles to the full weights in Hugging Face naming, in the form the chosen transport moves."""
+    def weights_for_refit(self, route: RefitRoute) -> Sequence[Any]:
+        """Handles to the full weights in Hugging Face naming, in the form ``route`` moves
+        (``rl_core.weights.RefitSender.publish`` makes each)."""
         ...
 
     def offload(self) -> None: ...
@@ -126,7 +138,11 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, handles: Sequence[Any]) -> RefitStats:
-        """Replace the engine's weights in place with those behind ``handles``."""
+        """Replace the engine's weights in place with those behind ``handles`` (any route's)."""
+        ...
+
+    def weight_receivers(self) -> int:
+        """Processes that hold a copy of the weights (replicas x tensor-parallel ranks)."""
         ...
 
     def sleep(self) -> None:

@@ -54,7 +54,7 @@ def select_components(config: Config, registry: Registry) -> Selections:
             enabled=enabled_map(config, registry, "rollout_engine"),
             selector_key="policy.generation.backend",
         )
-        transport = pick_transport(registry, backend.chosen.name, engine.chosen.name)
+        transport = pick_transport(registry, config, backend.chosen.name, engine.chosen.name)
         if not config.reward.sources:
             raise InputError(
                 f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}]"
@@ -74,11 +74,19 @@ def detected_device() -> str:
         return "cpu"
 
 
-def pick_transport(registry: Registry, backend: str, engine: str) -> Any:
+def pick_transport(registry: Registry, config: Config, backend: str, engine: str) -> Any:
+    """``policy.generation.weight_transport`` if set, else the highest priority transport that serves the pair."""
+    generation = config.policy.generation
+    if generation.weight_transport is not None:
+        return registry.get("weight_transport", generation.weight_transport)
     device = detected_device()
-    fits = [s for s in registry.specs("weight_transport").values() if s.supports(backend, engine, device)]
+    specs = registry.specs("weight_transport").values()
+    fits = [s for s in specs if s.supports(backend, engine, device, generation.colocated)]
     if not fits:
-        raise InputError(f"no weight transport moves weights from backend {backend!r} to engine {engine!r} on {device}")
+        raise InputError(
+            f"no weight transport moves weights from backend {backend!r} to engine {engine!r} on {device} "
+            f"(policy.generation.colocated={generation.colocated}); name one in policy.generation.weight_transport"
+        )
     return max(fits, key=lambda s: s.priority)
 
 

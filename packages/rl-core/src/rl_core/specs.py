@@ -75,12 +75,13 @@ class LoggerSpec(ComponentSpec):
 class WeightTransportSpec(ComponentSpec):
     """How weights move from a training backend to a rollout engine.
 
-    ``supports(backend_name, engine_name, device) -> bool`` says whether this transport serves that pair on
-    that device (``"cpu"`` or ``"cuda"``); the registry picks the highest priority one that does.
+    ``supports(backend_name, engine_name, device, colocated) -> bool`` says whether this transport serves that
+    pair on that device (``"cpu"`` or ``"cuda"``), with the engine on the trainer's devices or not; the registry
+    picks the highest priority one that does, unless ``policy.generation.weight_transport`` names one.
     ``factory() -> WeightTransport``.
     """
 
-    supports: Callable[[str, str, str], bool] = lambda _backend, _engine, _device: True
+    supports: Callable[[str, str, str, bool], bool] = lambda _backend, _engine, _device, _colocated: True
 
 
 @attrs.frozen(kw_only=True)

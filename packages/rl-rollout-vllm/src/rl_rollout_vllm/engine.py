@@ -14,7 +14,7 @@ from rl_core.config import Config
 from rl_core.errors import InputError
 from rl_core.protocols import RefitStats, Rollout, SamplingParams
 from rl_rollout_vllm.plugin import VllmConfig
-from rl_rollout_vllm.worker import Sample, VllmWorker, engine_environment
+from rl_rollout_vllm.worker import AsyncVllmWorker, Sample, VllmWorker, engine_environment
 
 
 def balance(prompts: Sequence[Sequence[int]], replicas: int) -> list[list[int]]:
@@ -36,8 +36,10 @@ class VllmEngine:
 
         self.max_model_len = section.max_model_len or config.policy.max_total_sequence_length
         use_gpu = torch.cuda.is_available() or config.cluster.gpus_per_node > 0
+        self.tensor_parallel_size = section.tensor_parallel_size
+        use_async = section.async_engine if section.async_engine is not None else torch.cuda.is_available()
         self.group = WorkerGroup(
-            VllmWorker,
+            AsyncVllmWorker if use_async else VllmWorker,
             config.policy.generation.num_replicas,
             lambda rank: dict(
                 model_path=config.policy.model_name,
@@ -104,11 +106,19 @@ class VllmEngine:
             yield _rollout(item, prompts)
         await asyncio.gather(*tasks)
 
+    def weight_receivers(self) -> int:
+        return len(self.group.actors) * self.tensor_parallel_size
+
     def update_weights(self, handles: Sequence[Any]) -> RefitStats:
+        """Every replica reloads the full weights; on the broadcast route replica ``r``'s TP ranks are the
+        receivers ``1 + r * tp ...`` of the refit group."""
         start = time.perf_counter()
         if len(handles) != 1:
-            raise InputError(f"the vLLM engine expects one object-store handle of full weights, got {len(handles)}")
-        results = self.group.call("update_weights", handles[0])
+            raise InputError(f"the vLLM engine expects one handle of full weights, got {len(handles)}")
+        tp = self.tensor_parallel_size
+        results = self.group.call_each(
+            "update_weights", [(handles[0], 1 + r * tp) for r in range(len(self.group.actors))]
+        )
         num_bytes, tensors, _ = results[0]
         return RefitStats(num_bytes=num_bytes, num_tensors=tensors, seconds=time.perf_counter() - start)
 

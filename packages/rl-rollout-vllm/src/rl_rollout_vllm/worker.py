@@ -1,10 +1,17 @@
-"""One vLLM engine replica, run inside a Ray actor (the engine runs in the actor's own process)."""
+"""One vLLM engine replica, run inside a Ray actor.
+
+Two flavours share the request building and the refit extension: ``VllmWorker`` drives vLLM's ``LLM`` with the
+engine in the actor's own process (starts in seconds; the CPU default), ``AsyncVllmWorker`` drives vLLM's async
+engine (``AsyncLLM``, engine core in a child process; the GPU default), whose requests stream out as each ends.
+"""
 
 from __future__ import annotations
 
 import os
+import pickle
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from rl_core.errors import InputError, PluginError
@@ -29,79 +36,98 @@ def engine_environment(cfg: VllmConfig) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         "TOKENIZERS_PARALLELISM": "false",
+        # the async engine's core runs in a child process; pickle carries CUDA IPC handles there
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     }
     if cfg.threads:
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cfg.threads - 1}"
     return env
 
 
+EXTENSION = "rl_rollout_vllm.extension.RefitExtension"
+
+
+def engine_kwargs(*, model_path: str, cfg: VllmConfig, dtype: str, max_model_len: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=dtype,
+        enforce_eager=cfg.enforce_eager,
+        max_model_len=max_model_len,
+        seed=seed,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        worker_extension_cls=EXTENSION,
+    )
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    return kwargs
+
+
+def load_error(model_path: str, exc: Exception) -> InputError:
+    return InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}")
+
+
+def build_requests(
+    indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+) -> list[tuple[int, int, Any, Any]]:
+    """One request per sample, each with its own seed derived from (seed, prompt index, sample index).
+
+    vLLM gives the ``n`` children of one seeded request the same generator, hence identical samples; separate
+    requests keep the samples of a group independent and every sample reproducible on its own."""
+    from vllm import SamplingParams
+
+    out = []
+    for index, prompt in zip(indices, prompts, strict=True):
+        for j in range(sampling["n"]):
+            seed = None if sampling["seed"] is None else (sampling["seed"] * 1_000_003 + index * 1009 + j) % 2**31
+            params = SamplingParams(
+                n=1,
+                max_tokens=sampling["max_new_tokens"],
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                top_k=sampling["top_k"] if sampling["top_k"] > 0 else -1,
+                stop=list(sampling["stop_strings"]) or None,
+                stop_token_ids=list(sampling["stop_token_ids"]) or None,
+                seed=seed,
+                logprobs=0,
+            )
+            out.append((index, j, {"prompt_token_ids": list(prompt)}, params))
+    return out
+
+
+def to_sample(index: int, j: int, output: Any) -> Sample:
+    completion = output.outputs[0]
+    ids = list(completion.token_ids)
+    logprobs = [entry[tok].logprob for tok, entry in zip(ids, completion.logprobs or [], strict=True)]
+    finish = "length" if completion.finish_reason == "length" else "stop"
+    return (index, j, ids, completion.text, logprobs, finish)
+
+
+def _import_error(exc: ImportError) -> PluginError:
+    return PluginError(f"{MISSING_VLLM} ({exc})")
+
+
 class VllmWorker:
-    def __init__(self, *, model_path: str, cfg: VllmConfig, dtype: str, max_model_len: int, seed: int) -> None:
-        os.environ.update(engine_environment(cfg))
+    """vLLM's ``LLM`` with the engine in this process: refit payloads reach the model runner by reference."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        os.environ.update(engine_environment(kwargs["cfg"]))
         try:
             from vllm import LLM
         except ImportError as exc:
-            raise PluginError(f"{MISSING_VLLM} ({exc})") from None
-        import torch
-
-        kwargs: dict[str, Any] = {}
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            raise _import_error(exc) from None
         try:
-            self.llm = LLM(
-                model=model_path,
-                dtype=dtype,
-                enforce_eager=cfg.enforce_eager,
-                max_model_len=max_model_len,
-                seed=seed,
-                tensor_parallel_size=cfg.tensor_parallel_size,
-                **kwargs,
-            )
+            self.llm = LLM(**engine_kwargs(**kwargs))
         except Exception as exc:
-            raise InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}") from None
-        self.max_model_len = max_model_len
-
-    def _requests(
-        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
-    ) -> list[tuple[int, int, Any, Any]]:
-        """One request per sample, each with its own seed derived from (seed, prompt index, sample index).
-
-        vLLM gives the ``n`` children of one seeded request the same generator, hence identical samples; separate
-        requests keep the samples of a group independent and every sample reproducible on its own."""
-        from vllm import SamplingParams
-
-        out = []
-        for index, prompt in zip(indices, prompts, strict=True):
-            for j in range(sampling["n"]):
-                seed = None if sampling["seed"] is None else (sampling["seed"] * 1_000_003 + index * 1009 + j) % 2**31
-                params = SamplingParams(
-                    n=1,
-                    max_tokens=sampling["max_new_tokens"],
-                    temperature=sampling["temperature"],
-                    top_p=sampling["top_p"],
-                    top_k=sampling["top_k"] if sampling["top_k"] > 0 else -1,
-                    stop=list(sampling["stop_strings"]) or None,
-                    stop_token_ids=list(sampling["stop_token_ids"]) or None,
-                    seed=seed,
-                    logprobs=0,
-                )
-                out.append((index, j, {"prompt_token_ids": list(prompt)}, params))
-        return out
-
-    @staticmethod
-    def _sample(index: int, j: int, output: Any) -> Sample:
-        completion = output.outputs[0]
-        ids = list(completion.token_ids)
-        logprobs = [entry[tok].logprob for tok, entry in zip(ids, completion.logprobs or [], strict=True)]
-        finish = "length" if completion.finish_reason == "length" else "stop"
-        return (index, j, ids, completion.text, logprobs, finish)
+            raise load_error(kwargs["model_path"], exc) from None
 
     def generate(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
     ) -> list[Sample]:
-        requests = self._requests(indices, prompts, sampling)
+        requests = build_requests(indices, prompts, sampling)
         outputs = self.llm.generate([r[2] for r in requests], [r[3] for r in requests], use_tqdm=False)
-        return [self._sample(i, j, out) for (i, j, _p, _s), out in zip(requests, outputs, strict=True)]
+        return [to_sample(i, j, out) for (i, j, _p, _s), out in zip(requests, outputs, strict=True)]
 
     def stream(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
@@ -109,14 +135,14 @@ class VllmWorker:
         """Yield each sample as soon as its request finishes (the engine's step loop)."""
         engine = self.llm.llm_engine
         pending = {}
-        for index, j, prompt, params in self._requests(indices, prompts, sampling):
+        for index, j, prompt, params in build_requests(indices, prompts, sampling):
             request_id = f"rl-{index}-{j}-{time.monotonic_ns()}"
             pending[request_id] = (index, j)
             engine.add_request(request_id, prompt, params)
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.finished:
-                    yield self._sample(*pending[output.request_id], output)
+                    yield to_sample(*pending[output.request_id], output)
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)
@@ -124,13 +150,72 @@ class VllmWorker:
     def wake(self) -> None:
         self.llm.wake_up()
 
-    def update_weights(self, arrays: dict[str, Any]) -> tuple[int, int, float]:
-        """Reload weights in place from object-store arrays: (bytes, tensors, seconds)."""
-        from rl_core.weights import from_shared, nbytes
-
+    def update_weights(self, payload: Any, rank_offset: int) -> tuple[int, int, float]:
+        """Reload weights in place from any route's payload: (bytes, tensors, seconds)."""
         start = time.perf_counter()
-        named = list(from_shared(arrays))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
+        results = self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
         self.llm.reset_prefix_cache()
-        size = nbytes(arrays) or sum(t.numel() * t.element_size() for _, t in named)
-        return size, len(named), time.perf_counter() - start
+        return (*results[0], time.perf_counter() - start)
+
+
+class AsyncVllmWorker:
+    """vLLM's async engine: every sample is its own request, streamed out when it ends."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        os.environ.update(engine_environment(kwargs["cfg"]))
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise _import_error(exc) from None
+        try:
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(**kwargs)))
+        except Exception as exc:
+            raise load_error(kwargs["model_path"], exc) from None
+
+    async def _one(self, index: int, j: int, prompt: Any, params: Any) -> Sample:
+        final = None
+        request_id = f"rl-{index}-{j}-{time.monotonic_ns()}"
+        async for output in self.llm.generate(prompt, params, request_id=request_id):
+            final = output
+        return to_sample(index, j, final)
+
+    async def generate(
+        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+    ) -> list[Sample]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self._one(*r) for r in build_requests(indices, prompts, sampling))))
+
+    async def stream(
+        self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
+    ) -> AsyncIterator[Sample]:
+        import asyncio
+
+        tasks = [asyncio.ensure_future(self._one(*r)) for r in build_requests(indices, prompts, sampling)]
+        for done in asyncio.as_completed(tasks):
+            yield await done
+
+    async def sleep(self) -> None:
+        await self.llm.sleep(level=1)
+
+    async def wake(self) -> None:
+        await self.llm.wake_up()
+
+    async def update_weights(self, payload: Any, rank_offset: int) -> tuple[int, int, float]:
+        """As ``VllmWorker.update_weights``; the engine core is another process, so object-store arrays travel
+        as a safetensors file in shared memory and CUDA IPC handles pickled."""
+        start = time.perf_counter()
+        from rl_core.weights import from_shared, route_of
+
+        with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+            if route_of(payload) == "cuda_ipc":
+                payload = pickle.dumps(payload)
+            elif route_of(payload) == "object_store":
+                from safetensors.torch import save_file
+
+                save_file(dict(from_shared(payload)), f"{tmp}/weights.safetensors")
+                payload = f"{tmp}/weights.safetensors"
+            results = await self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
+        await self.llm.reset_prefix_cache()
+        return (*results[0], time.perf_counter() - start)

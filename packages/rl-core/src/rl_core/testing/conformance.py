@@ -13,7 +13,7 @@ from typing import Any
 
 from rl_core.batch import Batch, pad_rows
 from rl_core.errors import InputError
-from rl_core.protocols import RewardSource, RolloutEngine, SamplingParams, TrainingBackend
+from rl_core.protocols import RefitRoute, RewardSource, RolloutEngine, SamplingParams, TrainingBackend
 
 PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "the answer is"]
 
@@ -74,11 +74,12 @@ def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: P
     backend.export_hf(tmp_path / "hf")
     hf = hf_logprobs(tmp_path / "hf", batch)
     assert torch.allclose(hf, before, atol=1e-4), "export_hf must give a model with the same logprobs"
-    assert list(backend.weights_for_refit()), "weights_for_refit must return at least one handle"
+    assert list(backend.weights_for_refit(RefitRoute())), "weights_for_refit must return at least one handle"
 
 
 def check_rollout_engine(engine: RolloutEngine, tokenizer: Any) -> None:
     assert isinstance(engine, RolloutEngine), "does not implement the RolloutEngine protocol"
+    assert engine.weight_receivers() >= 1, "weight_receivers() counts the processes a broadcast refit reaches"
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
     params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=123)
     out = engine.generate(prompts, params)
