@@ -1,8 +1,10 @@
-"""The megatron-core backend for real on CPU (gloo): conversion, logits parity, training, resharding."""
+"""The megatron-core backend for real on CPU (gloo): conversion, logits parity, training, resharding, at tensor
+and pipeline parallel layouts."""
 
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from rl_core import batch as B
@@ -53,6 +55,14 @@ def make(rl_registry, model: Path, tmp_path: Path, *overrides: str, backend: str
     return DTensorBackend(cfg, cfg.section("policy.dtensor_cfg"))
 
 
+#: parallel layouts over 2 ranks, as config overrides
+LAYOUTS = {
+    "tp1": ["policy.megatron_cfg.tensor_model_parallel_size=1"],
+    "tp2": ["policy.num_workers=2", "policy.megatron_cfg.tensor_model_parallel_size=2"],
+    "pp2": ["policy.num_workers=2", "policy.megatron_cfg.pipeline_model_parallel_size=2"],
+}
+
+
 def pg_batch(tokenizer) -> B.Batch:
     batch = B.concat([sample_batch(tokenizer, response=r) for r in (" 7 and 8", " 12", " nine")])
     batch = B.select(batch, slice(0, 8))
@@ -60,26 +70,20 @@ def pg_batch(tokenizer) -> B.Batch:
     return batch
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_logits_match_hugging_face_at_tp1_and_tp2(
-    ray_session, rl_registry, tiny_model_path, tiny_llama_path, tmp_path, family
-):
-    path = tiny_model_path if family == "qwen2" else tiny_llama_path
+@pytest.mark.parametrize("name", ["qwen2-tiny", "llama-tiny", "qwen3-tiny", "mistral-tiny", "qwen2-tiny-tied"])
+def test_logits_match_hugging_face_at_every_layout(ray_session, rl_registry, tmp_path, name):
+    from rl_core.tiny_models import ensure_tiny_model
+
+    path = ensure_tiny_model(name)
     batch = pg_batch(tokenizer_of(path))
     expected = hf_logprobs(path, batch)
-    for tp, tol in ((1, 1e-5), (2, 1e-5)):
-        backend = make(
-            rl_registry,
-            path,
-            tmp_path / f"tp{tp}",
-            "policy.num_workers=2",
-            f"policy.megatron_cfg.tensor_model_parallel_size={tp}",
-        )
+    for layout, overrides in LAYOUTS.items():
+        backend = make(rl_registry, path, tmp_path / layout, *overrides)
         try:
             ours = backend.logprobs(batch)
         finally:
             backend.shutdown()
-        assert float((ours - expected).abs().max()) < tol, f"TP={tp}"
+        assert float((ours - expected).abs().max()) < 1e-5, layout
 
 
 def losses(backend, batch, steps=3):
@@ -87,14 +91,10 @@ def losses(backend, batch, steps=3):
     return [backend.train(batch, loss_fn)["loss"] for _ in range(steps)]
 
 
-def test_training_matches_dtensor_and_tp2_matches_tp1(ray_session, rl_registry, tiny_model_path, tmp_path):
+def test_training_matches_dtensor_and_every_layout_matches_tp1(ray_session, rl_registry, tiny_model_path, tmp_path):
     batch = pg_batch(tokenizer_of(tiny_model_path))
     runs = {}
-    for name, extra, backend in (
-        ("dtensor", [], "dtensor"),
-        ("tp1", ["policy.megatron_cfg.tensor_model_parallel_size=1"], "megatron"),
-        ("tp2", ["policy.megatron_cfg.tensor_model_parallel_size=2", "policy.num_workers=2"], "megatron"),
-    ):
+    for name, extra, backend in (("dtensor", [], "dtensor"), *((k, v, "megatron") for k, v in LAYOUTS.items())):
         be = make(rl_registry, tiny_model_path, tmp_path / name, *extra, backend=backend)
         try:
             runs[name] = losses(be, batch)
@@ -102,33 +102,43 @@ def test_training_matches_dtensor_and_tp2_matches_tp1(ray_session, rl_registry, 
             be.shutdown()
     print(runs)
     assert runs["tp2"] == pytest.approx(runs["tp1"], abs=1e-5)
+    assert runs["pp2"] == pytest.approx(runs["tp1"], abs=1e-5)
     # same loss, same AdamW (Megatron's Adam with decoupled weight decay 0), same clipping: within 1e-4
     assert runs["tp1"] == pytest.approx(runs["dtensor"], abs=1e-4)
 
 
-@pytest.mark.parametrize(("save_tp", "load_tp"), [(2, 1), (1, 2)])
-def test_save_at_one_layout_load_at_another(ray_session, rl_registry, tiny_model_path, tmp_path, save_tp, load_tp):
+def test_tied_embeddings_train_alike_split_over_pipeline_stages(ray_session, rl_registry, tmp_path):
+    """The embedding's two copies (first and last stage) get the sum of both gradients and stay equal."""
+    from rl_core.tiny_models import ensure_tiny_model
+
+    path = ensure_tiny_model("qwen2-tiny-tied")
+    batch = pg_batch(tokenizer_of(path))
+    runs, weights = {}, {}
+    for layout in ("tp1", "pp2"):
+        be = make(rl_registry, path, tmp_path / layout, *LAYOUTS[layout])
+        try:
+            runs[layout] = losses(be, batch)
+            (ref,) = be.weights_for_refit(RefitRoute())
+            weights[layout] = dict(from_shared(ray.get(ref)))
+        finally:
+            be.shutdown()
+    assert runs["pp2"] == pytest.approx(runs["tp1"], abs=1e-5)
+    assert "lm_head.weight" not in weights["pp2"]
+    for name, w in weights["tp1"].items():
+        assert torch.allclose(weights["pp2"][name], w, atol=1e-5), name
+
+
+@pytest.mark.parametrize(("save", "load"), [("tp2", "tp1"), ("tp1", "tp2"), ("pp2", "tp2")])
+def test_save_at_one_layout_load_at_another(ray_session, rl_registry, tiny_model_path, tmp_path, save, load):
     batch = pg_batch(tokenizer_of(tiny_model_path))
-    first = make(
-        rl_registry,
-        tiny_model_path,
-        tmp_path / "a",
-        "policy.num_workers=2",
-        f"policy.megatron_cfg.tensor_model_parallel_size={save_tp}",
-    )
+    first = make(rl_registry, tiny_model_path, tmp_path / "a", *LAYOUTS[save])
     try:
         losses(first, batch, steps=2)
         first.save_checkpoint(tmp_path / "ckpt")
         expected = losses(first, batch, steps=1)
     finally:
         first.shutdown()
-    second = make(
-        rl_registry,
-        tiny_model_path,
-        tmp_path / "b",
-        "policy.num_workers=2",
-        f"policy.megatron_cfg.tensor_model_parallel_size={load_tp}",
-    )
+    second = make(rl_registry, tiny_model_path, tmp_path / "b", *LAYOUTS[load])
     try:
         second.load_checkpoint(tmp_path / "ckpt")
         assert losses(second, batch, steps=1) == pytest.approx(expected, abs=1e-6)

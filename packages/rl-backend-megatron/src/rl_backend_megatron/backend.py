@@ -1,4 +1,5 @@
-"""The driver side of the megatron backend: tensor x data parallel ``MegatronWorker`` ranks in Ray actors."""
+"""The driver side of the megatron backend: tensor x pipeline x data parallel ``MegatronWorker`` ranks in Ray
+actors."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class MegatronBackend:
-    """Implements ``rl_core.protocols.TrainingBackend`` on megatron-core (TP x DP; PP is not supported yet)."""
+    """Implements ``rl_core.protocols.TrainingBackend`` on megatron-core (TP x PP x DP)."""
 
     def __init__(self, config: Config, section: MegatronConfig) -> None:
         import torch
@@ -28,22 +29,24 @@ class MegatronBackend:
         from rl_backend_megatron.worker import MegatronWorker
 
         policy = config.policy
-        tp = section.tensor_model_parallel_size
-        if section.pipeline_model_parallel_size != 1:
-            raise ConfigError(
-                "policy.megatron_cfg.pipeline_model_parallel_size > 1 is not supported by this release of "
-                "rl-backend-megatron; use tensor and data parallelism"
-            )
-        if policy.num_workers % tp:
+        tp, pp = section.tensor_model_parallel_size, section.pipeline_model_parallel_size
+        if policy.num_workers % (tp * pp):
             raise ConfigError(
                 f"policy.num_workers ({policy.num_workers}) must be a multiple of "
-                f"policy.megatron_cfg.tensor_model_parallel_size ({tp})"
+                f"policy.megatron_cfg.tensor_model_parallel_size x pipeline_model_parallel_size ({tp} x {pp})"
             )
         if not (Path(policy.model_name) / "config.json").is_file():
             raise InputError(f"policy.model_name: {policy.model_name!r} is not a Hugging Face model folder")
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(policy.model_name).num_hidden_layers
+        if layers % pp:
+            raise ConfigError(
+                f"policy.megatron_cfg.pipeline_model_parallel_size ({pp}) must divide the model's {layers} layers"
+            )
         converted = convert_once(Path(policy.model_name), force=section.force_reconvert_from_hf, log=log.info)
         self.policy, self.tp, self.world = policy, tp, policy.num_workers
-        self.dp = self.world // tp
+        self.dp = self.world // (tp * pp)
         use_gpu = torch.cuda.is_available() or config.cluster.gpus_per_node > 0
         self.group = WorkerGroup(
             MegatronWorker,
@@ -66,6 +69,8 @@ class MegatronBackend:
         master = self.group.get([self.group.actors[0].address.remote()])[0]
         self.workers = self.group.call("setup", *master)
         self.dp_of = [w["dp_rank"] for w in self.workers]
+        # one rank per data-parallel group reports results: tensor-parallel rank 0 of the last pipeline stage
+        self.reporters = [w["tp_rank"] == 0 and w["pp_rank"] == pp - 1 for w in self.workers]
 
     def _check(self, batch: B.Batch) -> None:
         if batch["input_ids"].shape[1] > self.policy.max_total_sequence_length:
@@ -86,8 +91,7 @@ class MegatronBackend:
             normalizer = max(loss_fn.count(chunk), 1e-8)
             shards, _ = self._per_rank(chunk, loss_fn.group_size)
             results = self.group.call_each("train", [(s, loss_fn, normalizer) for s in shards])
-            # each data-parallel group's TP ranks report the same metrics: count one per group
-            firsts = [r for r, w in zip(results, self.workers, strict=True) if w["tp_rank"] == 0]
+            firsts = [r for r, reports in zip(results, self.reporters, strict=True) if reports]
             merged = {k: sum(r[k] for r in firsts) for k in firsts[0] if k not in ("grad_norm", "lr")}
             merged.update(grad_norm=results[0]["grad_norm"], lr=results[0]["lr"])
             steps.append(merged)
@@ -99,7 +103,7 @@ class MegatronBackend:
         self._check(batch)
         shards, rows = self._per_rank(batch, 1)
         parts = self.group.call_each("logprobs", [(s, reference) for s in shards])
-        by_dp = {w["dp_rank"]: p for w, p in zip(self.workers, parts, strict=True) if w["tp_rank"] == 0}
+        by_dp = {w["dp_rank"]: p for w, p, r in zip(self.workers, parts, self.reporters, strict=True) if r}
         width = batch["input_ids"].shape[1]
         ordered = [torch.nn.functional.pad(by_dp[d], (0, width - by_dp[d].shape[1])) for d in range(self.dp)]
         return torch.cat(ordered)[:rows]

@@ -45,14 +45,16 @@ def apply() -> None:
 
     fused_softmax.get_default_causal_mask = causal_mask
 
-    # the optimizer and grad clipping create tensors with device="cuda" and call .cuda(): on a CPU-only torch
-    # nothing can live on CUDA, so those calls keep their tensors where they are
+    # the optimizer, grad clipping and the pipeline schedules create tensors with device="cuda" and call .cuda():
+    # on a CPU-only torch nothing can live on CUDA, so those calls keep their tensors where they are
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
     from megatron.core import utils as mcore_utils
+    from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import clip_grads, optimizer
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
 
     shim = _CpuTorch(torch)
-    for module in (optimizer, clip_grads, mcore_utils):
+    for module in (optimizer, clip_grads, mcore_utils, schedules, p2p_communication, finalize_model_grads):
         module.torch = shim  # type: ignore[attr-defined]
 
     def clip_by_total_norm(

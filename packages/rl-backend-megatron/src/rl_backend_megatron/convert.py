@@ -68,8 +68,9 @@ def hf_to_megatron(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
     out = {
         "embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
         "decoder.final_layernorm.weight": state["model.norm.weight"],
-        "output_layer.weight": state.get("lm_head.weight", state["model.embed_tokens.weight"]),
     }
+    if not cfg.tie_word_embeddings:  # tied: the model shares the embedding (a last pipeline stage copies it)
+        out["output_layer.weight"] = state["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
         out[mg + "input_layernorm.weight"] = state[hf + "input_layernorm.weight"]

@@ -29,6 +29,8 @@ def transformer_config(hf: Any, tp: int, pp: int) -> Any:
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         params_dtype=torch.float32,
+        # activations sent between pipeline stages: fixed [T, B, H] float32 tensors
+        pipeline_dtype=torch.float32,
         use_cpu_initialization=True,
         # the fused kernels need CUDA (and Transformer Engine / Apex)
         bias_dropout_fusion=False,
@@ -44,7 +46,8 @@ def rope_base(hf: Any) -> int:
     return int(params.get("rope_theta") or getattr(hf, "rope_theta", None) or 10000)
 
 
-def build_gpt(hf: Any, tp: int, pp: int) -> Any:
+def build_gpt(hf: Any, tp: int, pp: int, *, first_stage: bool = True, last_stage: bool = True) -> Any:
+    """This pipeline stage's part of the model: the embedding on the first stage, the output layer on the last."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -54,22 +57,27 @@ def build_gpt(hf: Any, tp: int, pp: int) -> Any:
         transformer_layer_spec=spec,
         vocab_size=hf.vocab_size,
         max_sequence_length=hf.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
+        pre_process=first_stage,
+        post_process=last_stage,
         share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
         position_embedding_type="rope",
         rotary_base=rope_base(hf),
     )
 
 
-def token_logprobs(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` log p(x_t | x_<t) with vocab-parallel logits; position 0 holds 0. Causal attention alone is
-    right for right-padded rows: real tokens never attend to the padding after them."""
+def forward(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """This stage's output: ``[B, T, V/tp]`` logits on the last pipeline stage, hidden states elsewhere (a stage
+    after the first reads its input from the previous stage, set by the pipeline schedule). Causal attention alone
+    is right for right-padded rows: real tokens never attend to the padding after them."""
+    b, t = input_ids.shape
+    position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(b, t)
+    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` log p(x_t | x_<t) from vocab-parallel ``[B, T, V/tp]`` logits; position 0 holds 0."""
     from megatron.core import tensor_parallel
 
-    b, t = input_ids.shape
-    position_ids = torch.arange(t).unsqueeze(0).expand(b, t)
-    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)  # [B, T, V/tp]
     nll = tensor_parallel.vocab_parallel_cross_entropy(
         logits[:, :-1].float().contiguous(), input_ids[:, 1:].contiguous()
     )

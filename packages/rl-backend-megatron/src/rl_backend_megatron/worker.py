@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from rl_core.config import PolicyConfig, SchedulerConfig
 from rl_core.optim import lr_multiplier
 from rl_core.protocols import LossFunction, RefitRoute
 from rl_core.weights import RefitSender
+
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 
 #: the sub-folder of a run checkpoint holding the Megatron dist-checkpoint (model and optimizer).
 DIST_CHECKPOINT = "dist_checkpoint"
@@ -60,7 +63,10 @@ class MegatronWorker:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from transformers import AutoConfig
 
-        ps.initialize_model_parallel(tensor_model_parallel_size=self.cfg.tensor_model_parallel_size)
+        self.pp = self.cfg.pipeline_model_parallel_size
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=self.cfg.tensor_model_parallel_size, pipeline_model_parallel_size=self.pp
+        )
         self.ps = ps
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         model = self._load_model()
@@ -68,6 +74,11 @@ class MegatronWorker:
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
         )
         self.model = DistributedDataParallel(model.config, ddp_config, model)
+        # after the last micro-batch the schedule syncs gradients over data-parallel ranks and, with tied
+        # embeddings split over pipeline stages, sums the embedding's gradient over its two copies
+        from megatron.core.distributed import finalize_model_grads
+
+        model.config.finalize_model_grads_func = finalize_model_grads
         o = self.cfg.optimizer
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -97,46 +108,98 @@ class MegatronWorker:
         return {
             "rank": self.rank,
             "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(),
             "dp_rank": ps.get_data_parallel_rank(),
             "ip": ip,
             "node_id": node_id,
         }
 
-    def _load_model(self, state: dict[str, torch.Tensor] | None = None) -> Any:
-        """A GPTModel holding this rank's shard of ``state`` (default: the converted weights)."""
+    def _to_global(self, name: str) -> str:
+        """A local parameter name with this pipeline stage's layer index turned into the model's."""
+        offset = self.ps.get_pipeline_model_parallel_rank() * (self.hf_config.num_hidden_layers // self.pp)
+        return _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name)
+
+    def _load_model(self) -> Any:
+        """This rank's part of the converted model: its pipeline stage's layers, its tensor-parallel shard."""
         from safetensors.torch import load_file
 
         from rl_backend_megatron.model import build_gpt
 
         tp, tp_rank = self.cfg.tensor_model_parallel_size, self.ps.get_tensor_model_parallel_rank()
-        model = build_gpt(self.hf_config, tp, 1).to(self.device)
-        full = state if state is not None else load_file(str(self.converted / CONVERTED))
-        missing, unexpected = model.load_state_dict(
-            {k: shard(k, v, tp_rank, tp) for k, v in full.items()}, strict=False
-        )
-        missing = [m for m in missing if not m.endswith("_extra_state")]
-        if missing or unexpected:
-            raise RuntimeError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        model = build_gpt(
+            self.hf_config,
+            tp,
+            self.pp,
+            first_stage=self.ps.is_pipeline_first_stage(),
+            last_stage=self.ps.is_pipeline_last_stage(),
+        ).to(self.device)
+        full = load_file(str(self.converted / CONVERTED))
+        if "output_layer.weight" not in full:  # tied: a last stage holds its own copy of the embedding
+            full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+        local = {}
+        for name in model.state_dict():
+            if not name.endswith("_extra_state"):
+                g = self._to_global(name)
+                if g not in full:
+                    raise RuntimeError(f"the converted weights have no {g!r} (for this rank's {name!r})")
+                local[name] = shard(g, full[g], tp_rank, tp)
+        model.load_state_dict(local, strict=False)
         return model
 
-    # -- forward and training -----------------------------------------------------------------------------------
+    # -- forward and training: megatron's pipeline schedules (no pipelining when PP = 1) -------------------------
 
-    def _logprobs(self, model: Any, mb: B.Batch) -> torch.Tensor:
-        from rl_backend_megatron.model import token_logprobs
+    def _schedule(
+        self, model: Any, shard_: B.Batch, size: int, on_logprobs: Any, forward_only: bool, group_size: int = 1
+    ) -> None:
+        """Run ``shard_`` through every pipeline stage in micro-batches of ``size`` rows (padded with inert rows
+        to equal shapes, as the schedule sends fixed-size activations between stages). On the last stage,
+        ``on_logprobs(mb, logprobs [b, T])`` returns the loss to backpropagate (ignored when ``forward_only``)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        ids = mb["input_ids"].to(self.device)
-        return token_logprobs(model, ids) * mb["attention_mask"].to(self.device)
+        from rl_backend_megatron.model import forward, token_logprobs
+
+        padded, _ = B.pad_to_multiple(shard_, size)
+        mbs = B.micro_batches(padded, size, group_size)
+        n = len(mbs)
+
+        def step(data: Any, chunk: Any) -> tuple[torch.Tensor, Any]:
+            mb = next(data)
+            ids = mb["input_ids"].to(self.device)
+
+            def loss(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+                lp = token_logprobs(logits, ids) * mb["attention_mask"].to(self.device)
+                # the schedule divides by the number of micro-batches: undo it, the loss is a global share
+                return on_logprobs(mb, lp) * n, {}
+
+            return forward(chunk, ids), loss
+
+        get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=iter(mbs),
+            model=[model],
+            num_microbatches=n,
+            seq_length=shard_["input_ids"].shape[1],
+            micro_batch_size=size,
+            forward_only=forward_only,
+        )
 
     @torch.no_grad()
-    def logprobs(self, shard_: B.Batch, reference: bool = False) -> torch.Tensor:
+    def logprobs(self, shard_: B.Batch, reference: bool = False) -> torch.Tensor | None:
+        """``[rows, T]`` logprobs on the last pipeline stage; None on the others."""
         if reference and self.reference is None:
             self.reference = self._load_model().eval()
         model = self.reference if reference else self.model
         model.eval()
-        parts = [
-            self._logprobs(model, mb).float().cpu() for mb in B.micro_batches(shard_, self.policy.logprob_batch_size)
-        ]
-        return B.concat([{"input_ids": p} for p in parts])["input_ids"]
+        parts: list[torch.Tensor] = []
+
+        def keep(_mb: B.Batch, lp: torch.Tensor) -> torch.Tensor:
+            parts.append(lp.float().cpu())
+            return lp.sum() * 0
+
+        self._schedule(model, shard_, self.policy.logprob_batch_size, keep, forward_only=True)
+        if not parts:
+            return None
+        return torch.cat(parts)[: B.num_rows(shard_)]
 
     def train(self, shard_: B.Batch, loss_fn: LossFunction, normalizer: float) -> dict[str, float]:
         self.model.train()
@@ -144,13 +207,17 @@ class MegatronWorker:
         self.optimizer.zero_grad()
         dp = self.ps.get_data_parallel_world_size()
         totals: dict[str, float] = {}
-        for mb in B.micro_batches(shard_, self.policy.train_micro_batch_size, loss_fn.group_size):
-            loss, metrics = loss_fn(mb, self._logprobs(self.model, mb), normalizer)
-            # Megatron DDP averages gradients over data-parallel ranks; the loss is already a share of the sum.
-            (loss * dp).backward()
+
+        def loss_of(mb: B.Batch, lp: torch.Tensor) -> torch.Tensor:
+            loss, metrics = loss_fn(mb, lp, normalizer)
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
-        self.model.finish_grad_sync()
+            # Megatron DDP averages gradients over data-parallel ranks; the loss is already a share of the sum.
+            return loss * dp
+
+        self._schedule(
+            self.model, shard_, self.policy.train_micro_batch_size, loss_of, False, group_size=loss_fn.group_size
+        )
         lr = self.cfg.optimizer.lr * lr_multiplier(self.schedule, self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -161,7 +228,9 @@ class MegatronWorker:
     # -- full weights ---------------------------------------------------------------------------------------------
 
     def _gather(self, local: dict[str, torch.Tensor], on_device: bool = False) -> dict[str, torch.Tensor]:
-        """Full tensors from this TP group's shards (every TP rank takes part); on CPU unless ``on_device``."""
+        """Full tensors in the model's names: this TP group's shards joined (every TP rank takes part), then, with
+        pipeline parallelism, every stage's layers (every rank takes part; the result is complete on PP rank 0).
+        On CPU unless ``on_device``."""
         group, tp = self.ps.get_tensor_model_parallel_group(), self.cfg.tensor_model_parallel_size
         out = {}
         for name, t in local.items():
@@ -170,8 +239,14 @@ class MegatronWorker:
                 parts = [torch.empty_like(t) for _ in range(tp)]
                 dist.all_gather(parts, t, group=group)
                 t = unshard(name, parts)
-            out[name] = t if on_device else t.cpu()
-        return out
+            out[self._to_global(name)] = t if on_device and self.pp == 1 else t.cpu()
+        if self.pp == 1:
+            return out
+        if self.hf_config.tie_word_embeddings and not self.ps.is_pipeline_first_stage():
+            out.pop("output_layer.weight", None)  # the last stage's copy of the embedding
+        stages: list[Any] = [None] * self.pp
+        dist.all_gather_object(stages, out, group=self.ps.get_pipeline_model_parallel_group())
+        return {n: t.to(self.device) if on_device else t for stage in stages for n, t in stage.items()}
 
     def _named_params(self) -> dict[str, torch.nn.Parameter]:
         return {n.removeprefix("module."): p for n, p in self.model.named_parameters()}

@@ -29,6 +29,33 @@ TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         "llama",
         dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
     ),
+    # the other families the megatron backend converts, and tied embeddings (as in small Qwen2 checkpoints)
+    "qwen3-tiny": (
+        "qwen3",
+        dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+        ),
+    ),
+    "mistral-tiny": (
+        "mistral",
+        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "qwen2-tiny-tied": (
+        "qwen2",
+        dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        ),
+    ),
     "qwen2-small": (
         "qwen2",
         dict(
@@ -124,12 +151,14 @@ def build_model(name: str, path: Path, seed: int = 0) -> Path:
     config = AutoConfig.for_model(
         family,
         vocab_size=len(tok),
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.eos_token_id,
-        **overrides,
+        **{
+            "max_position_embeddings": 1024,
+            "tie_word_embeddings": False,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "bos_token_id": tok.eos_token_id,
+            **overrides,
+        },
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
