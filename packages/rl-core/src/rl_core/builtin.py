@@ -114,33 +114,28 @@ class RouteTransport:
         return engine.update_weights(backend.weights_for_refit(RefitRoute(kind=self.kind, receivers=receivers)))
 
 
+def _serves(device: str | None, colocated: bool | None) -> Callable[[str, str, str, bool], bool]:
+    """A transport's ``supports``: any backend and engine, on ``device`` and placement (None: any)."""
+    return lambda _backend, _engine, d, c: device in (None, d) and colocated in (None, c)
+
+
 @hookimpl
 def rl_weight_transports() -> list[WeightTransportSpec]:
+    routes: list[tuple[Literal["object_store", "cuda_ipc", "broadcast"], int, str | None, bool | None, str]] = [
+        ("object_store", 0, None, None, "Ray shared-memory object store (any device; the CPU default)"),
+        ("cuda_ipc", 20, "cuda", True, "CUDA IPC handles: the engine copies from the trainer's GPU memory (colocated)"),
+        ("broadcast", 20, "cuda", False, "broadcast from trainer rank 0 to every engine process (NCCL; gloo on CPU)"),
+    ]
     return [
         WeightTransportSpec(
-            name="object_store",
-            factory=lambda: RouteTransport("object_store"),
-            priority=0,
-            supports=lambda _backend, _engine, _device, _colocated: True,
-            description="Ray shared-memory object store (any device; the CPU default)",
+            name=kind,
+            factory=lambda kind=kind: RouteTransport(kind),
+            priority=priority,
+            supports=_serves(device, colocated),
+            description=description,
             package="rl-core",
-        ),
-        WeightTransportSpec(
-            name="cuda_ipc",
-            factory=lambda: RouteTransport("cuda_ipc"),
-            priority=20,
-            supports=lambda _backend, _engine, device, colocated: device == "cuda" and colocated,
-            description="CUDA IPC handles: the engine copies from the trainer's GPU memory (colocated, GPU)",
-            package="rl-core",
-        ),
-        WeightTransportSpec(
-            name="broadcast",
-            factory=lambda: RouteTransport("broadcast"),
-            priority=20,
-            supports=lambda _backend, _engine, device, colocated: device == "cuda" and not colocated,
-            description="broadcast from the trainer's rank 0 to every engine process (NCCL on GPU, gloo on CPU)",
-            package="rl-core",
-        ),
+        )
+        for kind, priority, device, colocated, description in routes
     ]
 
 

@@ -19,55 +19,21 @@ from rl_core.errors import InputError
 
 SCHEME = "tiny:"
 
+_TINY = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+_SMALL = dict(
+    hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+)
+
 #: name -> (architecture family, model config overrides). "tiny" ~1M parameters, "small" ~25M.
 TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2-tiny": (
-        "qwen2",
-        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    ),
-    "llama-tiny": (
-        "llama",
-        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    ),
+    "qwen2-tiny": ("qwen2", _TINY),
+    "llama-tiny": ("llama", _TINY),
     # the other families the megatron backend converts, and tied embeddings (as in small Qwen2 checkpoints)
-    "qwen3-tiny": (
-        "qwen3",
-        dict(
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-        ),
-    ),
-    "mistral-tiny": (
-        "mistral",
-        dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    ),
-    "qwen2-tiny-tied": (
-        "qwen2",
-        dict(
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "qwen2-small": (
-        "qwen2",
-        dict(
-            hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
-        ),
-    ),
-    "llama-small": (
-        "llama",
-        dict(
-            hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
-        ),
-    ),
+    "qwen3-tiny": ("qwen3", {**_TINY, "head_dim": 32}),
+    "mistral-tiny": ("mistral", _TINY),
+    "qwen2-tiny-tied": ("qwen2", {**_TINY, "tie_word_embeddings": True}),
+    "qwen2-small": ("qwen2", _SMALL),
+    "llama-small": ("llama", _SMALL),
 }
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]

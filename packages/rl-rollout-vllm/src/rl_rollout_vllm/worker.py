@@ -47,25 +47,31 @@ def engine_environment(cfg: VllmConfig) -> dict[str, str]:
 EXTENSION = "rl_rollout_vllm.extension.RefitExtension"
 
 
-def engine_kwargs(*, model_path: str, cfg: VllmConfig, dtype: str, max_model_len: int, seed: int) -> dict[str, Any]:
-    import torch
-
-    kwargs: dict[str, Any] = dict(
+def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, **kwargs: Any) -> Any:
+    """vLLM's ``LLM`` (engine in this process) or ``AsyncLLM`` over ``model_path``, with the refit extension."""
+    os.environ.update(engine_environment(cfg))
+    try:
+        if async_engine:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        else:
+            from vllm import LLM
+        import torch
+    except ImportError as exc:
+        raise PluginError(f"{MISSING_VLLM} ({exc})") from None
+    args: dict[str, Any] = dict(
         model=model_path,
-        dtype=dtype,
         enforce_eager=cfg.enforce_eager,
-        max_model_len=max_model_len,
-        seed=seed,
         tensor_parallel_size=cfg.tensor_parallel_size,
         worker_extension_cls=EXTENSION,
+        **kwargs,
     )
     if torch.cuda.is_available():
-        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-    return kwargs
-
-
-def load_error(model_path: str, exc: Exception) -> InputError:
-    return InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}")
+        args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    try:
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args)) if async_engine else LLM(**args)
+    except Exception as exc:
+        raise InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}") from None
 
 
 def build_requests(
@@ -104,23 +110,11 @@ def to_sample(index: int, j: int, output: Any) -> Sample:
     return (index, j, ids, completion.text, logprobs, finish)
 
 
-def _import_error(exc: ImportError) -> PluginError:
-    return PluginError(f"{MISSING_VLLM} ({exc})")
-
-
 class VllmWorker:
     """vLLM's ``LLM`` with the engine in this process: refit payloads reach the model runner by reference."""
 
     def __init__(self, **kwargs: Any) -> None:
-        os.environ.update(engine_environment(kwargs["cfg"]))
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise _import_error(exc) from None
-        try:
-            self.llm = LLM(**engine_kwargs(**kwargs))
-        except Exception as exc:
-            raise load_error(kwargs["model_path"], exc) from None
+        self.llm = start_engine(False, **kwargs)
 
     def generate(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
@@ -162,16 +156,7 @@ class AsyncVllmWorker:
     """vLLM's async engine: every sample is its own request, streamed out when it ends."""
 
     def __init__(self, **kwargs: Any) -> None:
-        os.environ.update(engine_environment(kwargs["cfg"]))
-        try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as exc:
-            raise _import_error(exc) from None
-        try:
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(**kwargs)))
-        except Exception as exc:
-            raise load_error(kwargs["model_path"], exc) from None
+        self.llm = start_engine(True, **kwargs)
 
     async def _one(self, index: int, j: int, prompt: Any, params: Any) -> Sample:
         final = None
