@@ -103,7 +103,7 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
             return [tokens / seconds]
 
         def refit(kind: str) -> list[float]:
-            route = RefitRoute(kind=kind, receivers=engine.weight_receivers() if kind == "broadcast" else 0)
+            route = RefitRoute(kind=kind, receivers=tuple(engine.weight_receivers()))
             start = time.perf_counter()
             engine.update_weights(backend.weights_for_refit(route))
             return [time.perf_counter() - start]
@@ -177,13 +177,14 @@ def main() -> None:
         (
             "model",
             "MB",
-            "refit ms (object store)",
+            "refit ms (object-store route)",
             "GB/s",
             "broadcast route ms (gloo)",
             "safetensors-bytes route ms",
             "object store vs safetensors",
         ),
-        notes="Trainer rank -> Ray object store (numpy views, zero-copy reads) -> vLLM `reload_weights`, against "
+        notes="Object-store route: trainer rank 0 -> one host shared-memory segment kept across refits (the engine "
+        "is on the same host; across hosts, Ray's object store) -> vLLM `reload_weights`, against "
         "serialising the same weights to safetensors bytes and reloading those; the broadcast route (NCCL's on GPU) "
         "measured over gloo.",
     )

@@ -19,6 +19,36 @@ def test_object_store_format_round_trips_fp32_and_bf16():
     assert route_of(shared) == "object_store"
 
 
+def _read(plan, queue):
+    queue.put({name: (t.dtype, t.tolist()) for name, t in from_shared(plan)})
+
+
+def test_same_host_refit_goes_through_one_reused_shared_memory_segment():
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    sender = RefitSender()
+    ctx = multiprocessing.get_context("spawn")
+    names = set()
+    for version in range(2):
+        state = {
+            "w": torch.arange(6, dtype=torch.float32).reshape(2, 3) + version,
+            "h": torch.tensor([1.5, -2.0]).to(torch.bfloat16),
+            "i": torch.tensor([7, version]),
+            "empty": torch.zeros(0),
+        }
+        plan = sender.publish(state, RefitRoute(kind="object_store", receivers=(ip, ip)))
+        assert route_of(plan) == "host_shm"
+        names.add(plan["name"])
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_read, args=(plan, queue))
+        proc.start()
+        got = queue.get(timeout=120)
+        proc.join()
+        assert got == {k: (v.dtype, v.tolist()) for k, v in state.items()}
+    assert len(names) == 1, "the segment is kept across refits"
+
+
 def _receive(plans, rank, queue, device):
     """A receiver process that lives across refits, as an engine worker does."""
     for _ in range(2):
@@ -56,7 +86,7 @@ def test_broadcast_reaches_every_receiver_and_its_group_is_reused(sender_device,
     first = None
     for version in range(2):
         w = torch.arange(6, dtype=torch.float32, device=sender_device).reshape(2, 3) + version
-        route = RefitRoute(kind="broadcast", receivers=len(procs))
+        route = RefitRoute(kind="broadcast", receivers=("127.0.0.1",) * len(procs))
         plan = sender.publish({"w": w, "step": torch.tensor([version], device=sender_device)}, route)
         assert route_of(plan) == "broadcast" and plan["world_size"] == 1 + len(procs)
         assert plan["backend"] == ("nccl" if sender_device.startswith("cuda") else "gloo")

@@ -11,6 +11,7 @@ from rl_core.errors import InputError, RLCoreError
 from rl_core.losses import NLLLoss
 from rl_core.protocols import RefitRoute, SamplingParams
 from rl_core.testing.conformance import check_rollout_engine
+from rl_core.weights import route_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -85,9 +86,12 @@ def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
 def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route):
     _, batch = rollouts_and_batch(engine, tokenizer, seed=2)
     backend.train(batch, NLLLoss())
-    receivers = engine.weight_receivers()
-    assert receivers == 1
-    stats = engine.update_weights(backend.weights_for_refit(RefitRoute(kind=route, receivers=receivers)))
+    receivers = tuple(engine.weight_receivers())
+    assert len(receivers) == 1
+    (handle,) = backend.weights_for_refit(RefitRoute(kind=route, receivers=receivers))
+    # engine and trainer share this host: the object-store route copies into host shared memory instead
+    assert route_of(handle) == {"object_store": "host_shm", "broadcast": "broadcast"}[route]
+    stats = engine.update_weights([handle])
     print(f"refit ({route}): {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
     assert stats.num_bytes > 1_000_000 and stats.num_tensors > 10
     _, after = rollouts_and_batch(engine, tokenizer, seed=3)

@@ -110,8 +110,8 @@ class RouteTransport:
     kind: Literal["object_store", "cuda_ipc", "broadcast"]
 
     def refit(self, backend: TrainingBackend, engine: RolloutEngine) -> RefitStats:
-        receivers = engine.weight_receivers() if self.kind == "broadcast" else 0
-        return engine.update_weights(backend.weights_for_refit(RefitRoute(kind=self.kind, receivers=receivers)))
+        route = RefitRoute(kind=self.kind, receivers=tuple(engine.weight_receivers()))
+        return engine.update_weights(backend.weights_for_refit(route))
 
 
 def _serves(device: str | None, colocated: bool | None) -> Callable[[str, str, str, bool], bool]:

@@ -55,8 +55,9 @@ class RefitRoute:
     trainer's rank 0 to every engine process: NCCL on GPU, gloo on CPU)."""
 
     kind: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
-    #: broadcast only: how many engine processes receive (``RolloutEngine.weight_receivers()``).
-    receivers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: the host (IP) of every engine process that receives (``RolloutEngine.weight_receivers()``): a broadcast's
+    #: group size; when all share the sender's host, ``object_store`` copies into host shared memory instead.
+    receivers: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -141,8 +142,8 @@ class RolloutEngine(Protocol):
         """Replace the engine's weights in place with those behind ``handles`` (any route's)."""
         ...
 
-    def weight_receivers(self) -> int:
-        """Processes that hold a copy of the weights (replicas x tensor-parallel ranks)."""
+    def weight_receivers(self) -> Sequence[str]:
+        """The host (IP) of each process that holds a copy of the weights (replicas x tensor-parallel ranks)."""
         ...
 
     def sleep(self) -> None:

@@ -4,7 +4,10 @@ A weight transport names the route in a ``RefitRoute``; the backend's rank 0 tur
 route's handle with ``RefitSender.publish`` and the engine reads it:
 
 - ``object_store`` (CPU, the default): a dict ``name -> numpy array`` put into Ray's object store, which processes
-  on a node map without copying; bf16, which numpy lacks, travels as its int16 bits with a tag.
+  on a node map without copying; bf16, which numpy lacks, travels as its int16 bits with a tag. When every
+  receiver runs on the sender's host, the tensors are copied instead into one host shared-memory segment that the
+  sender keeps across refits (a ``HostShmPlan``): a plain copy into memory already mapped, where ``ray.put`` pays
+  for fresh object-store pages on every refit (~80 ms for 100 MB here).
 - ``cuda_ipc`` (GPU, engine and trainer on the same device): a dict ``name -> CUDA IPC handle``
   (``torch.multiprocessing.reductions.reduce_tensor``); the engine rebuilds views of the trainer's GPU tensors and
   copies them in, with no host round trip. ``from_shared`` reads both.
@@ -46,12 +49,43 @@ def to_shared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return out
 
 
+#: an object-store refit between processes of one host: {"kind": "host_shm", "name": segment, "tensors": [[name,
+#: shape, dtype, byte offset], ...]}; plain lists and strings, like ``BroadcastPlan``.
+HostShmPlan = dict[str, Any]
+
+_SEGMENTS: dict[str, Any] = {}
+
+
+def _read_host_shm(plan: HostShmPlan) -> Iterator[tuple[str, torch.Tensor]]:
+    """Views of the sender's segment, which stays mapped here (the sender rewrites it only at the next refit)."""
+    import torch
+
+    if plan["name"] not in _SEGMENTS:  # a new segment only when the sender outgrew its last one
+        from multiprocessing import resource_tracker, shared_memory
+
+        segment = shared_memory.SharedMemory(name=plan["name"])
+        # the sender owns the segment: this process must not unlink it when it exits (Python < 3.13 would)
+        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+        _SEGMENTS[plan["name"]] = segment
+    buf = _SEGMENTS[plan["name"]].buf
+    for name, shape, dtype, offset in plan["tensors"]:
+        dt = getattr(torch, dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        t = torch.frombuffer(buf, dtype=dt, count=count, offset=offset) if count else torch.empty(0, dtype=dt)
+        yield name, t.view(shape)
+
+
 def from_shared(arrays: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs viewing the shared arrays (read-only memory: do not write into them)."""
+    """``(name, tensor)`` pairs viewing the shared arrays or host segment (do not write into them)."""
     import warnings
 
     import torch
 
+    if route_of(arrays) == "host_shm":
+        yield from _read_host_shm(arrays)
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for name, value in arrays.items():
@@ -65,9 +99,9 @@ def from_shared(arrays: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def route_of(payload: Any) -> str:
-    """``broadcast``, ``cuda_ipc`` or ``object_store``: which route made ``payload``."""
-    if isinstance(payload, dict) and payload.get("kind") == "broadcast":
-        return "broadcast"
+    """``broadcast``, ``host_shm``, ``cuda_ipc`` or ``object_store``: which route made ``payload``."""
+    if isinstance(payload, dict) and payload.get("kind") in ("broadcast", "host_shm"):
+        return str(payload["kind"])
     first = next(iter(payload.values()), None) if isinstance(payload, dict) else None
     return "cuda_ipc" if isinstance(first, tuple) and first[0] == _IPC else "object_store"
 
@@ -104,6 +138,7 @@ class RefitSender:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._store: Any = None
+        self._shm: Any = None
 
     def publish(self, full: Mapping[str, torch.Tensor], route: RefitRoute) -> Any:
         self.wait()
@@ -111,10 +146,32 @@ class RefitSender:
             self._keepalive = full
             return to_cuda_ipc(full)
         if route.kind == "broadcast":
-            return self._broadcast(full, route.receivers)
+            return self._broadcast(full, len(route.receivers))
         import ray
 
+        if route.receivers and set(route.receivers) == {ray.util.get_node_ip_address()}:
+            return self._host_shm(full)
         return ray.put(to_shared(full))
+
+    def _host_shm(self, full: Mapping[str, torch.Tensor]) -> HostShmPlan:
+        import torch
+
+        tensors, offset = [], 0
+        for name, t in full.items():
+            tensors.append([name, list(t.shape), str(t.dtype).removeprefix("torch."), offset])
+            offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
+        if self._shm is None or self._shm.size < offset:
+            from multiprocessing import shared_memory
+
+            if self._shm is not None:
+                self._shm.close()
+                self._shm.unlink()
+            self._shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
+        buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        for (_name, _shape, _dtype, start), t in zip(tensors, full.values(), strict=True):
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            buffer[start : start + flat.numel()].copy_(flat)
+        return {"kind": "host_shm", "name": self._shm.name, "tensors": tensors}
 
     def _broadcast(self, full: Mapping[str, torch.Tensor], receivers: int) -> BroadcastPlan:
         import ray

@@ -106,8 +106,8 @@ class VllmEngine:
             yield _rollout(item, prompts)
         await asyncio.gather(*tasks)
 
-    def weight_receivers(self) -> int:
-        return len(self.group.actors) * self.tensor_parallel_size
+    def weight_receivers(self) -> list[str]:
+        return [w.ip for w in self.group.info for _ in range(self.tensor_parallel_size)]
 
     def update_weights(self, handles: Sequence[Any]) -> RefitStats:
         """Every replica reloads the full weights; on the broadcast route replica ``r``'s TP ranks are the

@@ -79,7 +79,8 @@ def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: P
 
 def check_rollout_engine(engine: RolloutEngine, tokenizer: Any) -> None:
     assert isinstance(engine, RolloutEngine), "does not implement the RolloutEngine protocol"
-    assert engine.weight_receivers() >= 1, "weight_receivers() counts the processes a broadcast refit reaches"
+    hosts = engine.weight_receivers()
+    assert len(hosts) >= 1 and all(isinstance(h, str) for h in hosts), "weight_receivers(): a host per process"
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
     params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=123)
     out = engine.generate(prompts, params)
