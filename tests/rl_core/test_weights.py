@@ -49,6 +49,16 @@ def test_same_host_refit_goes_through_one_reused_shared_memory_segment():
     assert len(names) == 1, "the segment is kept across refits"
 
 
+def test_a_full_shared_memory_falls_back_to_the_object_store(ray_session, monkeypatch):
+    import ray
+
+    monkeypatch.setattr("shutil.disk_usage", lambda _p: type("U", (), {"free": 1000})())
+    ip = ray.util.get_node_ip_address()
+    ref = RefitSender().publish({"w": torch.ones(1000)}, RefitRoute(receivers=(ip,)))
+    assert isinstance(ref, ray.ObjectRef)
+    assert torch.equal(dict(from_shared(ray.get(ref)))["w"], torch.ones(1000))
+
+
 def _receive(plans, rank, queue, device):
     """A receiver process that lives across refits, as an engine worker does."""
     for _ in range(2):

@@ -54,6 +54,8 @@ def to_shared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 HostShmPlan = dict[str, Any]
 
 _SEGMENTS: dict[str, Any] = {}
+#: where POSIX shared memory lives (Linux)
+SHM_DIR = "/dev/shm"
 
 
 def _read_host_shm(plan: HostShmPlan) -> Iterator[tuple[str, torch.Tensor]]:
@@ -150,10 +152,16 @@ class RefitSender:
         import ray
 
         if route.receivers and set(route.receivers) == {ray.util.get_node_ip_address()}:
-            return self._host_shm(full)
+            plan = self._host_shm(full)
+            if plan is not None:
+                return plan
         return ray.put(to_shared(full))
 
-    def _host_shm(self, full: Mapping[str, torch.Tensor]) -> HostShmPlan:
+    def _host_shm(self, full: Mapping[str, torch.Tensor]) -> HostShmPlan | None:
+        """The weights copied into this sender's segment; None when a new segment would not fit in /dev/shm
+        (containers often give it 64 MB), so that the caller uses the object store."""
+        import shutil
+
         import torch
 
         tensors, offset = [], 0
@@ -162,6 +170,9 @@ class RefitSender:
             offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
         if self._shm is None or self._shm.size < offset:
             from multiprocessing import shared_memory
+
+            if shutil.disk_usage(SHM_DIR).free < 2 * offset:
+                return None
 
             if self._shm is not None:
                 self._shm.close()
