@@ -248,11 +248,8 @@ class MegatronWorker:
         dist.all_gather_object(stages, out, group=self.ps.get_pipeline_model_parallel_group())
         return {n: t.to(self.device) if on_device else t for stage in stages for n, t in stage.items()}
 
-    def _named_params(self) -> dict[str, torch.nn.Parameter]:
-        return {n.removeprefix("module."): p for n, p in self.model.named_parameters()}
-
     def full_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        return self._gather({n: p.data for n, p in self._named_params().items()}, on_device)
+        return self._gather({n.removeprefix("module."): p.data for n, p in self.model.named_parameters()}, on_device)
 
     def weights_for_refit(self, route: RefitRoute) -> Any:
         """Rank 0's full weights in Hugging Face names, in ``route``'s form; other ranks take part in the

@@ -23,10 +23,10 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from rl_core.protocols import RefitRoute
-
 if TYPE_CHECKING:
     import torch
+
+    from rl_core.protocols import RefitRoute
 
 _BF16 = "bfloat16"
 _IPC = "cuda_ipc"
@@ -54,12 +54,17 @@ def to_shared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 HostShmPlan = dict[str, Any]
 
 _SEGMENTS: dict[str, Any] = {}
-#: where POSIX shared memory lives (Linux)
-SHM_DIR = "/dev/shm"
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    """``float32``, ``bfloat16``, ...: the dtype as a plain string that ``getattr(torch, name)`` reads back."""
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _read_host_shm(plan: HostShmPlan) -> Iterator[tuple[str, torch.Tensor]]:
     """Views of the sender's segment, which stays mapped here (the sender rewrites it only at the next refit)."""
+    import math
+
     import torch
 
     if plan["name"] not in _SEGMENTS:  # a new segment only when the sender outgrew its last one
@@ -71,10 +76,7 @@ def _read_host_shm(plan: HostShmPlan) -> Iterator[tuple[str, torch.Tensor]]:
         _SEGMENTS[plan["name"]] = segment
     buf = _SEGMENTS[plan["name"]].buf
     for name, shape, dtype, offset in plan["tensors"]:
-        dt = getattr(torch, dtype)
-        count = 1
-        for d in shape:
-            count *= d
+        dt, count = getattr(torch, dtype), math.prod(shape)
         t = torch.frombuffer(buf, dtype=dt, count=count, offset=offset) if count else torch.empty(0, dtype=dt)
         yield name, t.view(shape)
 
@@ -166,14 +168,13 @@ class RefitSender:
 
         tensors, offset = [], 0
         for name, t in full.items():
-            tensors.append([name, list(t.shape), str(t.dtype).removeprefix("torch."), offset])
+            tensors.append([name, list(t.shape), _dtype_name(t), offset])
             offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
         if self._shm is None or self._shm.size < offset:
             from multiprocessing import shared_memory
 
-            if shutil.disk_usage(SHM_DIR).free < 2 * offset:
+            if shutil.disk_usage("/dev/shm").free < 2 * offset:
                 return None
-
             if self._shm is not None:
                 self._shm.close()
                 self._shm.unlink()
@@ -190,16 +191,12 @@ class RefitSender:
 
         first = next(iter(full.values()))
         backend = "nccl" if first.is_cuda else "gloo"
+        address = ray.util.get_node_ip_address()
         if self._store is None:
             self._store = dist.TCPStore(
-                ray.util.get_node_ip_address(),
-                0,
-                1 + receivers,
-                is_master=True,
-                timeout=_TIMEOUT,
-                wait_for_workers=False,
+                address, 0, 1 + receivers, is_master=True, timeout=_TIMEOUT, wait_for_workers=False
             )
-        address, port = ray.util.get_node_ip_address(), self._store.port
+        port = self._store.port
         tensors = [t.detach().contiguous() for t in full.values()]
         plan = {
             "kind": "broadcast",
@@ -207,7 +204,7 @@ class RefitSender:
             "port": port,
             "world_size": 1 + receivers,
             "backend": backend,
-            "tensors": [[n, list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in zip(full, tensors)],
+            "tensors": [[n, list(t.shape), _dtype_name(t)] for n, t in zip(full, tensors, strict=True)],
         }
 
         def send() -> None:

@@ -36,8 +36,6 @@ def engine_environment(cfg: VllmConfig) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         "TOKENIZERS_PARALLELISM": "false",
-        # the async engine's core runs in a child process; pickle carries CUDA IPC handles there
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     }
     if cfg.threads:
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cfg.threads - 1}"
@@ -190,17 +188,18 @@ class AsyncVllmWorker:
     async def update_weights(self, payload: Any, rank_offset: int) -> tuple[int, int, float]:
         """As ``VllmWorker.update_weights``; the engine core is another process, so object-store arrays travel
         as a safetensors file in shared memory and CUDA IPC handles pickled."""
-        start = time.perf_counter()
         from rl_core.weights import from_shared, route_of
 
-        with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
-            if route_of(payload) == "cuda_ipc":
-                payload = pickle.dumps(payload)
-            elif route_of(payload) == "object_store":
-                from safetensors.torch import save_file
+        start = time.perf_counter()
+        route = route_of(payload)
+        if route == "object_store":
+            from safetensors.torch import save_file
 
+            with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
                 save_file(dict(from_shared(payload)), f"{tmp}/weights.safetensors")
-                payload = f"{tmp}/weights.safetensors"
+                results = await self.llm.collective_rpc("rl_refit", args=(f"{tmp}/weights.safetensors", rank_offset))
+        else:  # plans (plain lists) cross as they are; CUDA IPC handles as pickled bytes
+            payload = pickle.dumps(payload) if route == "cuda_ipc" else payload
             results = await self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
         await self.llm.reset_prefix_cache()
         return (*results[0], time.perf_counter() - start)
