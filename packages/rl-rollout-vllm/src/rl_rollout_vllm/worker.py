@@ -66,6 +66,10 @@ def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, **kwar
     )
     if torch.cuda.is_available():
         args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    elif not async_engine:
+        # Ray starts actors with OMP_NUM_THREADS=1, and the in-process CPU engine keeps the thread count it finds
+        # (vLLM binds threads only for the worker processes it spawns itself): 1.6x slower decoding on 2 cores.
+        torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     try:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args)) if async_engine else LLM(**args)
     except Exception as exc:
@@ -78,7 +82,8 @@ def build_requests(
     """One request per sample, each with its own seed derived from (seed, prompt index, sample index).
 
     vLLM gives the ``n`` children of one seeded request the same generator, hence identical samples; separate
-    requests keep the samples of a group independent and every sample reproducible on its own."""
+    requests keep the samples of a group independent and every sample reproducible on its own. Without stop
+    strings the engine skips its per-token detokenisation (``text`` is decoded once at the end, ``to_sample``)."""
     from vllm import SamplingParams
 
     out = []
@@ -95,17 +100,19 @@ def build_requests(
                 stop_token_ids=list(sampling["stop_token_ids"]) or None,
                 seed=seed,
                 logprobs=0,
+                detokenize=bool(sampling["stop_strings"]),
             )
             out.append((index, j, {"prompt_token_ids": list(prompt)}, params))
     return out
 
 
-def to_sample(index: int, j: int, output: Any) -> Sample:
+def to_sample(index: int, j: int, output: Any, params: Any, tokenizer: Any) -> Sample:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     logprobs = [entry[tok].logprob for tok, entry in zip(ids, completion.logprobs or [], strict=True)]
     finish = "length" if completion.finish_reason == "length" else "stop"
-    return (index, j, ids, completion.text, logprobs, finish)
+    text = completion.text if params.detokenize else tokenizer.decode(ids, skip_special_tokens=True)
+    return (index, j, ids, text, logprobs, finish)
 
 
 class VllmWorker:
@@ -113,13 +120,14 @@ class VllmWorker:
 
     def __init__(self, **kwargs: Any) -> None:
         self.llm = start_engine(False, **kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
 
     def generate(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
     ) -> list[Sample]:
         requests = build_requests(indices, prompts, sampling)
         outputs = self.llm.generate([r[2] for r in requests], [r[3] for r in requests], use_tqdm=False)
-        return [to_sample(i, j, out) for (i, j, _p, _s), out in zip(requests, outputs, strict=True)]
+        return [to_sample(i, j, out, s, self.tokenizer) for (i, j, _p, s), out in zip(requests, outputs, strict=True)]
 
     def stream(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]
@@ -129,12 +137,13 @@ class VllmWorker:
         pending = {}
         for index, j, prompt, params in build_requests(indices, prompts, sampling):
             request_id = f"rl-{index}-{j}-{time.monotonic_ns()}"
-            pending[request_id] = (index, j)
+            pending[request_id] = (index, j, params)
             engine.add_request(request_id, prompt, params)
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.finished:
-                    yield to_sample(*pending[output.request_id], output)
+                    index, j, params = pending.pop(output.request_id)
+                    yield to_sample(index, j, output, params, self.tokenizer)
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)
@@ -155,13 +164,14 @@ class AsyncVllmWorker:
 
     def __init__(self, **kwargs: Any) -> None:
         self.llm = start_engine(True, **kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
 
     async def _one(self, index: int, j: int, prompt: Any, params: Any) -> Sample:
         final = None
         request_id = f"rl-{index}-{j}-{time.monotonic_ns()}"
         async for output in self.llm.generate(prompt, params, request_id=request_id):
             final = output
-        return to_sample(index, j, final)
+        return to_sample(index, j, final, params, self.tokenizer)
 
     async def generate(
         self, indices: Sequence[int], prompts: Sequence[Sequence[int]], sampling: dict[str, Any]

@@ -92,6 +92,7 @@ def check_rollout_engine(engine: RolloutEngine, tokenizer: Any) -> None:
         assert len(r.logprobs) == len(r.token_ids), "one logprob per sampled token"
         assert all(lp <= 0 and math.isfinite(lp) for lp in r.logprobs)
         assert r.finish_reason in ("stop", "length")
+        assert r.text == tokenizer.decode(r.token_ids, skip_special_tokens=True), "text must decode token_ids"
     again = engine.generate(prompts, params)
     assert [r.token_ids for r in again] == [r.token_ids for r in out], "a fixed seed must reproduce the samples"
     try:
