@@ -1,7 +1,8 @@
-"""Training tokens/s of the DTensor backend (one FSDP2 rank in a Ray actor) against a bare single-process PyTorch
-loop on the same model, batch, loss (NLL), optimizer (AdamW) and micro-batching, alternating in one process.
+"""Training tokens/s of the DTensor backend against a bare single-process PyTorch loop on the same model, batch, loss
+(NLL), optimizer (AdamW) and micro-batching, alternating in one process: one rank in a Ray actor (nothing to
+shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cores.
 
-    python bench/train_throughput.py [--model qwen2-small] [--reps 3] [--steps 5]
+    python bench/train_throughput.py [--model qwen2-small] [--ranks 1,2] [--reps 3] [--steps 5]
 """
 
 from __future__ import annotations
@@ -58,7 +59,35 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2-small")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--ranks", default="1,2")
     args = parser.parse_args()
+    results, rows = [], []
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        entry = measure(args, ranks)
+        results.append(entry)
+        o, b = entry["dtensor_step_s"], entry["bare_step_s"]
+        rows.append(
+            (
+                args.model,
+                str(ranks),
+                f"{entry['tokens_per_step'] / o['median']:.0f}",
+                f"{entry['tokens_per_step'] / b['median']:.0f}",
+                f"**{entry['dtensor_vs_bare']:.2f}x**",
+                f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
+            )
+        )
+    write(
+        "train_throughput",
+        {"results": results},
+        rows,
+        ("model", "ranks", "DTensor tok/s", "bare PyTorch tok/s", "DTensor / bare", "s/step range (ours / bare)"),
+        notes=f"{ROWS} rows x {LENGTH} tokens per optimizer step, micro-batches of {MICRO}, AdamW, NLL loss; the "
+        "DTensor backend's ranks are Ray actors sharing the machine's 2 cores (one rank: unwrapped, 2 threads; two "
+        "ranks: FSDP2 over gloo, 1 thread each) against the same loop in the benchmark process (2 threads).",
+    )
+
+
+def measure(args: argparse.Namespace, ranks: int) -> dict:
     from rl_backend_dtensor.backend import DTensorBackend
     from rl_core.config import load_config
     from rl_core.losses import NLLLoss
@@ -75,6 +104,7 @@ def main() -> None:
                 f"policy.train_global_batch_size={ROWS}",
                 f"policy.train_micro_batch_size={MICRO}",
                 f"policy.optimizer.lr={LR}",
+                f"policy.num_workers={ranks}",
                 "policy.max_total_sequence_length=256",
             ],
             registry,
@@ -100,29 +130,14 @@ def main() -> None:
         times = alternate({"dtensor": our_steps, "bare": lambda: bare.run(batch, args.steps)}, args.reps)
         ours.shutdown()
     o, b = stats(times["dtensor"]), stats(times["bare"])
-    ratio = b["median"] / o["median"]
-    write(
-        "train_throughput",
-        {
-            "model": args.model,
-            "tokens_per_step": tokens,
-            "dtensor_step_s": o,
-            "bare_step_s": b,
-            "dtensor_vs_bare": ratio,
-        },
-        [
-            (
-                args.model,
-                f"{tokens / o['median']:.0f}",
-                f"{tokens / b['median']:.0f}",
-                f"**{ratio:.2f}x**",
-                f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
-            )
-        ],
-        ("model", "DTensor tok/s", "bare PyTorch tok/s", "DTensor / bare", "s/step range (ours / bare)"),
-        notes=f"{ROWS} rows x {LENGTH} tokens per optimizer step, micro-batches of {MICRO}, AdamW, NLL loss; one FSDP2 "
-        "rank (gloo) in a Ray actor vs the same loop in the benchmark process.",
-    )
+    return {
+        "model": args.model,
+        "ranks": ranks,
+        "tokens_per_step": tokens,
+        "dtensor_step_s": o,
+        "bare_step_s": b,
+        "dtensor_vs_bare": b["median"] / o["median"],
+    }
 
 
 def batch_vocab(model: str) -> int:

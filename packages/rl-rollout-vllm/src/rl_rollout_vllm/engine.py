@@ -37,9 +37,10 @@ class VllmEngine:
         self.max_model_len = section.max_model_len or config.policy.max_total_sequence_length
         use_gpu = torch.cuda.is_available() or config.cluster.gpus_per_node > 0
         self.tensor_parallel_size = section.tensor_parallel_size
-        use_async = section.async_engine if section.async_engine is not None else torch.cuda.is_available()
+        #: which flavour runs: vLLM's async engine, or ``LLM`` in the actor's process
+        self.async_engine = section.async_engine if section.async_engine is not None else torch.cuda.is_available()
         self.group = WorkerGroup(
-            AsyncVllmWorker if use_async else VllmWorker,
+            AsyncVllmWorker if self.async_engine else VllmWorker,
             config.policy.generation.num_replicas,
             lambda rank: dict(
                 model_path=config.policy.model_name,
