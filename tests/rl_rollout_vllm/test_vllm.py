@@ -114,7 +114,7 @@ def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine):
     if engine.async_engine:
         pytest.skip("the async engine's model runs in vLLM's own process")
     threads, cores = ray.get(engine.group.actors[0].__ray_call__.remote(threads_and_cores))
-    assert threads == cores
+    assert threads == max(1, cores // len(engine.group.actors))  # one replica here: every core
 
 
 def test_stream_yields_every_rollout(engine, tokenizer):

@@ -45,6 +45,7 @@ class VllmEngine:
             lambda rank: dict(
                 model_path=config.policy.model_name,
                 cfg=section,
+                replicas=config.policy.generation.num_replicas,
                 dtype=config.policy.precision,
                 max_model_len=self.max_model_len,
                 seed=config.seed + rank,

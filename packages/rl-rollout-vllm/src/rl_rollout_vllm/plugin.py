@@ -25,8 +25,8 @@ class VllmConfig:
     #: eager PyTorch instead of vLLM's compiled model (torch.compile; on CPU the first start of a model compiles for
     #: ~25 s, later starts read the cache; decoding the tiny model is 1.4x faster compiled).
     enforce_eager: bool = False
-    #: CPU threads of each engine replica; unset, every core the engine's actor may use (the async engine: vLLM's
-    #: own binding).
+    #: CPU threads of each engine replica; unset, the node's cores divided among the replicas (the async engine:
+    #: vLLM's own binding).
     threads: int | None = None
     #: vLLM's async engine (``AsyncLLM``: engine core in its own process, requests streamed as each ends); unset,
     #: on with CUDA and off on CPU, where the in-process ``LLM`` starts in ~3 s instead of ~15 s.

@@ -45,8 +45,9 @@ def engine_environment(cfg: VllmConfig) -> dict[str, str]:
 EXTENSION = "rl_rollout_vllm.extension.RefitExtension"
 
 
-def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, **kwargs: Any) -> Any:
-    """vLLM's ``LLM`` (engine in this process) or ``AsyncLLM`` over ``model_path``, with the refit extension."""
+def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, replicas: int = 1, **kwargs: Any) -> Any:
+    """vLLM's ``LLM`` (engine in this process) or ``AsyncLLM`` over ``model_path``, with the refit extension; on
+    CPU the in-process engine gets ``cfg.threads``, else this node's cores shared among the ``replicas``."""
     os.environ.update(engine_environment(cfg))
     try:
         if async_engine:
@@ -69,7 +70,7 @@ def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, **kwar
     elif not async_engine:
         # Ray starts actors with OMP_NUM_THREADS=1, and the in-process CPU engine keeps the thread count it finds
         # (vLLM binds threads only for the worker processes it spawns itself): 1.6x slower decoding on 2 cores.
-        torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
+        torch.set_num_threads(cfg.threads or max(1, len(os.sched_getaffinity(0)) // replicas))
     try:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args)) if async_engine else LLM(**args)
     except Exception as exc:
