@@ -29,7 +29,7 @@ class VllmConfig:
     #: vLLM's own binding).
     threads: int | None = None
     #: vLLM's async engine (``AsyncLLM``: engine core in its own process, requests streamed as each ends); unset,
-    #: on with CUDA and off on CPU, where the in-process ``LLM`` starts in ~3 s instead of ~15 s.
+    #: on with CUDA and off on CPU, where the async engine's core process would hold one core for its scheduler.
     async_engine: bool | None = None
 
 

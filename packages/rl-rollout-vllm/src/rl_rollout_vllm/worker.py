@@ -1,7 +1,7 @@
 """One vLLM engine replica, run inside a Ray actor.
 
 Two flavours share the request building and the refit extension: ``VllmWorker`` drives vLLM's ``LLM`` with the
-engine in the actor's own process (starts in seconds; the CPU default), ``AsyncVllmWorker`` drives vLLM's async
+engine in the actor's own process (the CPU default), ``AsyncVllmWorker`` drives vLLM's async
 engine (``AsyncLLM``, engine core in a child process; the GPU default), whose requests stream out as each ends.
 """
 
