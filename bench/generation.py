@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from harness import alternate, stats, write
 
-from rl_core.protocols import RefitRoute, SamplingParams
+from rl_core.protocols import SamplingParams
+from rl_core.refit import RefitRoute, RouteKind
 from rl_core.tiny_models import ensure_tiny_model
 
 PROMPTS, NEW_TOKENS = 64, 64
@@ -58,11 +59,11 @@ def safetensors_refit(engine, backend) -> float:
     import ray
     from safetensors.torch import load, save
 
-    from rl_core.weights import from_shared
+    from rl_core.refit import receive_weights
 
     start = time.perf_counter()
-    (ref,) = backend.weights_for_refit(RefitRoute())
-    blob = save({k: v.clone() for k, v in from_shared(ray.get(ref))})
+    payload = backend.weights_for_refit(RefitRoute(kind="object_store"))
+    blob = save({k: v.clone() for k, v in receive_weights(payload)})
 
     def reload(worker, data: bytes) -> None:
         worker.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(load(data).items())})
@@ -74,10 +75,10 @@ def safetensors_refit(engine, backend) -> float:
 def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl_backend_dtensor.backend import DTensorBackend
+    from rl_backend_dtensor.backend import make_backend
     from rl_core.cluster import init_ray
     from rl_core.config import load_config
-    from rl_rollout_vllm.engine import VllmEngine
+    from rl_rollout_vllm.engine import make_engine
 
     path = str(ensure_tiny_model(name))
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -85,9 +86,9 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"run_dir={run_dir}", f"policy.model_name={path}", "policy.max_total_sequence_length=128"]
         config = load_config(None, overrides, registry)
-        init_ray(config.cluster)
-        engine = VllmEngine(config, config.section("policy.generation.vllm_cfg"))
-        backend = DTensorBackend(config, config.section("policy.dtensor_cfg"))
+        init_ray(config.cluster, verbose=False)
+        engine = make_engine(config, config.section("policy.generation.vllm_cfg"))
+        backend = make_backend(config, config.section("policy.dtensor_cfg"))
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         params = SamplingParams(n=1, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0)
         engine.generate(ids, params)  # warm-up (compilation)
@@ -102,7 +103,7 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
             seconds, tokens = hf_generate(hf, tokenizer, ids)
             return [tokens / seconds]
 
-        def refit(kind: str) -> list[float]:
+        def refit(kind: RouteKind | None) -> list[float]:
             route = RefitRoute(kind=kind, receivers=tuple(engine.weight_receivers()))
             start = time.perf_counter()
             engine.update_weights(backend.weights_for_refit(route))
@@ -112,6 +113,7 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
         size = engine.update_weights(backend.weights_for_refit(RefitRoute())).num_bytes  # also a warm-up
         refit("broadcast")  # warm-up: forms the broadcast group
         routes = {
+            "host_shm": lambda: refit(None),  # the automatic route: the engine shares the trainer's host
             "object_store": lambda: refit("object_store"),
             "broadcast": lambda: refit("broadcast"),
             "safetensors_bytes": lambda: [safetensors_refit(engine, backend)],
@@ -119,13 +121,14 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
         refits = alternate(routes, reps)
         engine.shutdown()
         backend.shutdown()
-    r = stats(refits["object_store"])
+    r = stats(refits["host_shm"])
     return {
         "model": name,
         "vllm_tokens_per_s": stats(rates["vllm"]),
         "hf_tokens_per_s": stats(rates["hf"]),
         "refit_bytes": size,
         "refit_s": r,
+        "object_store_refit_s": stats(refits["object_store"]),
         "broadcast_refit_s": stats(refits["broadcast"]),
         "safetensors_refit_s": stats(refits["safetensors_bytes"]),
         "refit_gb_per_s": size / r["median"] / 1e9,
@@ -143,9 +146,16 @@ def main() -> None:
     results = [measure(name, args.reps, registry) for name in args.models.split(",")]
     gen_rows, refit_rows = [], []
     for res in results:
-        v, h, r, b, s = (
+        v, h, r, o, b, s = (
             res[k]
-            for k in ("vllm_tokens_per_s", "hf_tokens_per_s", "refit_s", "broadcast_refit_s", "safetensors_refit_s")
+            for k in (
+                "vllm_tokens_per_s",
+                "hf_tokens_per_s",
+                "refit_s",
+                "object_store_refit_s",
+                "broadcast_refit_s",
+                "safetensors_refit_s",
+            )
         )
         size = res["refit_bytes"]
         gen_rows.append(
@@ -157,6 +167,7 @@ def main() -> None:
                 f"{size / 1e6:.1f}",
                 f"{r['median'] * 1e3:.0f}",
                 f"{size / r['median'] / 1e9:.2f}",
+                f"{o['median'] * 1e3:.0f}",
                 f"{b['median'] * 1e3:.0f}",
                 f"{s['median'] * 1e3:.0f}",
                 f"**{s['median'] / r['median']:.2f}x**",
@@ -177,16 +188,17 @@ def main() -> None:
         (
             "model",
             "MB",
-            "refit ms (object-store route)",
+            "refit ms (host_shm route)",
             "GB/s",
+            "object_store route ms",
             "broadcast route ms (gloo)",
             "safetensors-bytes route ms",
-            "object store vs safetensors",
+            "host_shm vs safetensors",
         ),
-        notes="Object-store route: trainer rank 0 -> one host shared-memory segment kept across refits (the engine "
-        "is on the same host; across hosts, Ray's object store) -> vLLM `reload_weights`, against "
-        "serialising the same weights to safetensors bytes and reloading those; the broadcast route (NCCL's on GPU) "
-        "measured over gloo.",
+        notes="host_shm route (the automatic CPU route when the engine shares the trainer's host): trainer rank 0 -> "
+        "one host shared-memory segment kept across refits -> vLLM `reload_weights`; object_store: Ray's object "
+        "store (the route across hosts); against serialising the same weights to safetensors bytes and reloading "
+        "those; the broadcast route (NCCL's on GPU) measured over gloo.",
     )
 
 

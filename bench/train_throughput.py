@@ -88,7 +88,7 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, ranks: int) -> dict:
-    from rl_backend_dtensor.backend import DTensorBackend
+    from rl_backend_dtensor.backend import make_backend
     from rl_core.config import load_config
     from rl_core.losses import NLLLoss
     from rl_core.registry import Registry
@@ -111,8 +111,8 @@ def measure(args: argparse.Namespace, ranks: int) -> dict:
         )
         from rl_core.cluster import init_ray
 
-        init_ray(config.cluster)
-        ours = DTensorBackend(config, config.section("policy.dtensor_cfg"))
+        init_ray(config.cluster, verbose=False)
+        ours = make_backend(config, config.section("policy.dtensor_cfg"))
         bare = Bare(model)
         batch = make_batch(int(batch_vocab(model)))
         tokens = float(batch["attention_mask"].sum())

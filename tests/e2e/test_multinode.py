@@ -132,7 +132,9 @@ def run_job(run_dir: Path, *overrides: str, env: dict | None = None) -> subproce
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
 
 
-def worker_nodes(output: str, group: str) -> dict[int, str]:
+def worker_nodes(run_dir: Path, group: str) -> dict[int, str]:
+    """Where each worker of ``group`` ran, from the driver's log (placement is logged, not printed)."""
+    output = (run_dir / "logs" / "driver.log").read_text()
     line = next(line for line in output.splitlines() if f"{group} workers:" in line)
     return {int(r): node for r, node in re.findall(r"\[(\d+)\] pid \d+ on \S+ \(node ([0-9a-f]+)\)", line)}
 
@@ -149,7 +151,7 @@ def test_two_ranks_spread_over_two_nodes(cluster: Cluster, tmp_path: Path):
         env=env,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    nodes = worker_nodes(out.stdout + out.stderr, "policy")
+    nodes = worker_nodes(tmp_path / "run", "policy")
     assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
     assert (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()
 
@@ -171,9 +173,9 @@ def test_a_killed_training_worker_stops_the_run_and_it_resumes(tmp_path: Path):
     pid = None
     for line in proc.stdout:
         lines.append(line)
-        if pid is None and "policy workers:" in line:
-            pid = int(re.search(r"\[1\] pid (\d+)", line).group(1))
-        if pid is not None and line.startswith("step 2/5"):
+        if line.startswith("step 2/5"):
+            placed = re.search(r"policy workers: .*\[1\] pid (\d+)", (run / "logs" / "driver.log").read_text())
+            pid = int(placed.group(1))
             os.kill(pid, signal.SIGKILL)
             break
     rest, _ = proc.communicate(timeout=600)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from rl_core import batch as B
-from rl_core.config import LossConfig, load_config
+from rl_core.config import load_config
 from rl_core.errors import InputError
 from rl_core.losses import ClippedPGLoss, NLLLoss
-from rl_core.protocols import RefitRoute
+from rl_core.refit import RefitRoute, receive_weights
+from rl_core.schema import LossConfig
 from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
-from rl_core.weights import from_shared
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -24,12 +24,13 @@ def tokenizer(tiny_model_path):
 
 
 def make_backend(rl_registry, model: Path, tmp_path: Path, *overrides: str):
-    from rl_backend_dtensor.backend import DTensorBackend
+    from rl_backend_dtensor.backend import make_backend as make
 
     cfg = load_config(
         None,
         [
             f"run_dir={tmp_path}",
+            "cluster.device=cpu",
             f"policy.model_name={model}",
             "policy.train_global_batch_size=8",
             "policy.train_micro_batch_size=4",
@@ -41,7 +42,7 @@ def make_backend(rl_registry, model: Path, tmp_path: Path, *overrides: str):
         ],
         rl_registry,
     )
-    return DTensorBackend(cfg, cfg.section("policy.dtensor_cfg"))
+    return make(cfg, cfg.section("policy.dtensor_cfg"))
 
 
 def pg_batch(tokenizer) -> B.Batch:
@@ -54,10 +55,8 @@ def pg_batch(tokenizer) -> B.Batch:
 
 
 def weights(backend) -> dict[str, torch.Tensor]:
-    import ray
-
-    (ref,) = backend.weights_for_refit(RefitRoute())
-    return {k: v.clone() for k, v in from_shared(ray.get(ref))}
+    payload = backend.weights_for_refit(RefitRoute(kind="object_store"))
+    return {k: v.clone() for k, v in receive_weights(payload)}
 
 
 def train_steps(backend, batch, steps=3):
@@ -86,7 +85,7 @@ def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry
             runs[name] = train_steps(backend, batch)
         finally:
             backend.shutdown()
-    initial = {k: v for k, v in from_shared(_initial_arrays(tiny_model_path))}
+    initial = _initial_weights(tiny_model_path)
     assert max(float((runs["1 rank mb4"][k] - initial[k]).abs().max()) for k in initial) > 1e-4, (
         "training moved nothing"
     )
@@ -94,8 +93,8 @@ def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry
     assert_same(runs["1 rank mb1"], runs["1 rank mb4"])
 
 
-def _initial_arrays(path: Path):
-    from safetensors.numpy import load_file
+def _initial_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
 
     return load_file(str(path / "model.safetensors"))
 

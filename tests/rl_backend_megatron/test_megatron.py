@@ -4,15 +4,14 @@ and pipeline parallel layouts."""
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from rl_core import batch as B
-from rl_core.config import LossConfig, load_config
+from rl_core.config import load_config
 from rl_core.losses import ClippedPGLoss
-from rl_core.protocols import RefitRoute
+from rl_core.refit import RefitRoute, receive_weights
+from rl_core.schema import LossConfig
 from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
-from rl_core.weights import from_shared
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.slow]
 
@@ -33,6 +32,7 @@ def make(rl_registry, model: Path, tmp_path: Path, *overrides: str, backend: str
         None,
         [
             f"run_dir={tmp_path}",
+            "cluster.device=cpu",
             f"policy.model_name={model}",
             "policy.train_global_batch_size=8",
             "policy.train_micro_batch_size=4",
@@ -47,12 +47,12 @@ def make(rl_registry, model: Path, tmp_path: Path, *overrides: str, backend: str
         rl_registry,
     )
     if backend == "megatron":
-        from rl_backend_megatron.backend import MegatronBackend
+        from rl_backend_megatron.backend import make_backend as make_megatron
 
-        return MegatronBackend(cfg, cfg.section("policy.megatron_cfg"))
-    from rl_backend_dtensor.backend import DTensorBackend
+        return make_megatron(cfg, cfg.section("policy.megatron_cfg"))
+    from rl_backend_dtensor.backend import make_backend as make_dtensor
 
-    return DTensorBackend(cfg, cfg.section("policy.dtensor_cfg"))
+    return make_dtensor(cfg, cfg.section("policy.dtensor_cfg"))
 
 
 #: parallel layouts over 2 ranks, as config overrides
@@ -118,8 +118,7 @@ def test_tied_embeddings_train_alike_split_over_pipeline_stages(ray_session, rl_
         be = make(rl_registry, path, tmp_path / layout, *LAYOUTS[layout])
         try:
             runs[layout] = losses(be, batch)
-            (ref,) = be.weights_for_refit(RefitRoute())
-            weights[layout] = dict(from_shared(ray.get(ref)))
+            weights[layout] = dict(receive_weights(be.weights_for_refit(RefitRoute(kind="object_store"))))
         finally:
             be.shutdown()
     assert runs["pp2"] == pytest.approx(runs["tp1"], abs=1e-5)
@@ -156,10 +155,7 @@ def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tmp_path):
     )
     try:
         check_training_backend(backend, tokenizer_of(tiny_model_path), tmp_path)
-        (ref,) = backend.weights_for_refit(RefitRoute())
-        import ray
-
-        names = {k for k, _ in from_shared(ray.get(ref))}
+        names = {k for k, _ in receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))}
         assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
     finally:
         backend.shutdown()

@@ -66,3 +66,18 @@ def test_token_logprobs_alignment():
     expected_hit = torch.log_softmax(logits[0, 0], -1)[2]
     expected_miss = torch.log_softmax(logits[0, 1], -1)[1]
     assert lp[0, 0] == 0 and torch.isclose(lp[0, 1], expected_hit) and torch.isclose(lp[0, 2], expected_miss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_token_logprobs_equal_the_whole_ones_values_and_gradients(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 11, 17, generator=g).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, 17, (3, 11), generator=g)
+    weights = torch.randn(3, 11, generator=g)
+    whole = B.token_logprobs(logits, ids)
+    (grad_whole,) = torch.autograd.grad((whole * weights).sum(), logits)
+    for chunk in (1, 4, 10, 64):
+        part = B.token_logprobs(logits, ids, chunk_tokens=chunk)
+        (grad_part,) = torch.autograd.grad((part * weights).sum(), logits)
+        assert torch.equal(part, whole), chunk
+        assert torch.allclose(grad_part.float(), grad_whole.float(), atol=1e-6), chunk

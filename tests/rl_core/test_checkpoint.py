@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from rl_core.checkpoint import CheckpointManager
-from rl_core.config import CheckpointingConfig
+from rl_core.schema import CheckpointingConfig
 
 
 def write_policy(path: Path) -> None:

@@ -97,15 +97,15 @@ def test_resolved_config_round_trips(reg, tmp_path: Path):
 
 
 def test_selection_from_config(reg):
-    from rl_core.run import select_components
+    from rl_core.selection import select_components
 
     both = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.dtensor_cfg.enabled=True"], reg)
     assert (
-        select_components(both, reg).backend.describe()
+        select_components(both, reg, "cpu").backend.describe()
         == "training backend: megatron (priority 200; also enabled: dtensor 100)"
     )
     named = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.backend=dtensor"], reg)
-    assert select_components(named, reg).backend.chosen.name == "dtensor"
+    assert select_components(named, reg, "cpu").backend.chosen.name == "dtensor"
     none = load_config(None, ["policy.dtensor_cfg.enabled=False"], reg)
     with pytest.raises(PluginError, match="no training backend is enabled"):
-        select_components(none, reg)
+        select_components(none, reg, "cpu")

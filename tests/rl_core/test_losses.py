@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from rl_core.config import LossConfig
 from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
+from rl_core.schema import LossConfig
 
 
 def pg_batch(ratios, advantages, prev=None, **extra):

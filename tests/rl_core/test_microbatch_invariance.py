@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rl_core import batch as B
-from rl_core.config import LossConfig
 from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss
+from rl_core.schema import LossConfig
 
 
 class TinyLM(torch.nn.Module):

@@ -4,7 +4,7 @@ registry's own logic is under test (the real third-party discovery is in test_th
 import attrs
 import pytest
 
-from rl_core.errors import PluginError
+from rl_core.errors import ConfigError, PluginError
 from rl_core.hookspecs import hookimpl
 from rl_core.registry import Registry
 from rl_core.specs import TrainingBackendSpec
@@ -84,26 +84,13 @@ def test_disabled_plugins_are_named_in_errors(monkeypatch):
         reg.get("training_backend", "megatron")
 
 
-def test_weight_transport_follows_device_and_placement_unless_named(rl_registry, make_config, monkeypatch):
-    from rl_core import run
+def test_the_automatic_weight_route_follows_device_and_placement_unless_named(rl_registry, make_config):
+    from rl_core.selection import route_description
 
-    specs = rl_registry.specs("weight_transport")
-    served = {
-        (device, colocated): sorted(n for n, s in specs.items() if s.supports("dtensor", "vllm", device, colocated))
-        for device in ("cpu", "cuda")
-        for colocated in (True, False)
-    }
-    assert served == {
-        ("cpu", True): ["object_store"],
-        ("cpu", False): ["object_store"],
-        ("cuda", True): ["cuda_ipc", "object_store"],
-        ("cuda", False): ["broadcast", "object_store"],
-    }
-    pick = lambda *o: run.pick_transport(rl_registry, make_config(*o), "dtensor", "vllm").name  # noqa: E731
-    assert pick() == "object_store"  # this machine: CPU
-    monkeypatch.setattr(run, "detected_device", lambda: "cuda")
-    assert pick() == "cuda_ipc"
-    assert pick("policy.generation.colocated=false") == "broadcast"
-    assert pick("policy.generation.weight_transport=object_store") == "object_store"
-    with pytest.raises(PluginError, match=r"no weight transport named 'nccl'.*available: broadcast, cuda_ipc"):
-        pick("policy.generation.weight_transport=nccl")
+    describe = lambda device, *o: route_description(make_config(*o), device)  # noqa: E731
+    assert describe("cpu").startswith("host_shm when the engine shares the trainer's host")
+    assert describe("cuda").startswith("cuda_ipc")
+    assert describe("cuda", "policy.generation.colocated=false").startswith("broadcast")
+    assert describe("cuda", "policy.generation.weight_transport=object_store").startswith("object_store (named")
+    with pytest.raises(ConfigError, match="weight_transport"):
+        make_config("policy.generation.weight_transport=nccl")

@@ -28,8 +28,7 @@ packages = ["{module}"]
 
 GOOD = """
 import attrs
-from rl_core.hookspecs import hookimpl
-from rl_core.specs import TrainingBackendSpec
+from rl_core.api import TrainingBackendSpec, hookimpl
 
 
 @attrs.frozen(kw_only=True)

@@ -9,9 +9,9 @@ import pytest
 from rl_core.config import load_config
 from rl_core.errors import InputError, RLCoreError
 from rl_core.losses import NLLLoss
-from rl_core.protocols import RefitRoute, SamplingParams
+from rl_core.protocols import SamplingParams
+from rl_core.refit import RefitRoute
 from rl_core.testing.conformance import check_rollout_engine
-from rl_core.weights import route_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -24,6 +24,7 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
         None,
         [
             f"run_dir={tmp_path_factory.mktemp('run')}",
+            "cluster.device=cpu",
             f"policy.model_name={tiny_model_path}",
             "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=8",
@@ -35,12 +36,17 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["LLM", "AsyncLLM"])
-def engine(ray_session, config, request):
+def async_engine(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(ray_session, config, async_engine):
     import attrs
 
-    from rl_rollout_vllm.engine import VllmEngine
+    from rl_rollout_vllm.engine import make_engine
 
-    eng = VllmEngine(config, attrs.evolve(config.section("policy.generation.vllm_cfg"), async_engine=request.param))
+    eng = make_engine(config, attrs.evolve(config.section("policy.generation.vllm_cfg"), async_engine=async_engine))
     yield eng
     eng.shutdown()
 
@@ -48,9 +54,9 @@ def engine(ray_session, config, request):
 @pytest.fixture(scope="module")
 def backend(ray_session, config, engine):
     """One per engine: a backend's broadcast group serves the engine processes that first joined it."""
-    from rl_backend_dtensor.backend import DTensorBackend
+    from rl_backend_dtensor.backend import make_backend
 
-    be = DTensorBackend(config, config.section("policy.dtensor_cfg"))
+    be = make_backend(config, config.section("policy.dtensor_cfg"))
     yield be
     be.shutdown()
 
@@ -63,7 +69,7 @@ def tokenizer(tiny_model_path):
 
 
 def rollouts_and_batch(engine, tokenizer, seed):
-    from rl_core.loops import rollout_batch
+    from rl_core.rollouts import rollout_batch
 
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     rollouts = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=12, seed=seed))
@@ -82,24 +88,25 @@ def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
     assert max_gap(batch, backend.logprobs(batch)) < 1e-4
 
 
-@pytest.mark.parametrize("route", ["object_store", "broadcast"])
+@pytest.mark.parametrize("route", [None, "object_store", "broadcast"], ids=["auto", "object_store", "broadcast"])
 def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route):
     _, batch = rollouts_and_batch(engine, tokenizer, seed=2)
     backend.train(batch, NLLLoss())
     receivers = tuple(engine.weight_receivers())
     assert len(receivers) == 1
-    (handle,) = backend.weights_for_refit(RefitRoute(kind=route, receivers=receivers))
-    # engine and trainer share this host: the object-store route copies into host shared memory instead
-    assert route_of(handle) == {"object_store": "host_shm", "broadcast": "broadcast"}[route]
-    stats = engine.update_weights([handle])
-    print(f"refit ({route}): {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
-    assert stats.num_bytes > 1_000_000 and stats.num_tensors > 10
+    payload = backend.weights_for_refit(RefitRoute(kind=route, receivers=receivers, verify=True))
+    # engine and trainer share this host: unnamed, the route is host shared memory
+    assert payload.kind == {None: "host_shm", "object_store": "object_store", "broadcast": "broadcast"}[route]
+    stats = engine.update_weights(payload)
+    print(f"refit ({payload.kind}): {stats.num_bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.seconds:.3f} s")
+    assert stats.num_bytes > 1_000_000 and stats.num_tensors > 10 and stats.route == payload.kind
+    assert payload.checksums and stats.checksums == pytest.approx(payload.checksums, rel=1e-9)
     _, after = rollouts_and_batch(engine, tokenizer, seed=3)
     assert max_gap(after, backend.logprobs(after)) < 1e-4  # agrees with the updated weights
     assert max_gap(after, backend.reference_logprobs(after)) > 1e-2  # and visibly not with the old ones
 
 
-def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine):
+def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine, async_engine):
     """Ray starts actors with OMP_NUM_THREADS=1; the in-process CPU engine would keep it (1.6x slower decoding on
     2 cores). The async engine's core is another process, threaded by vLLM itself."""
     import ray
@@ -111,7 +118,7 @@ def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine):
 
         return torch.get_num_threads(), len(os.sched_getaffinity(0))
 
-    if engine.async_engine:
+    if async_engine:
         pytest.skip("the async engine's model runs in vLLM's own process")
     threads, cores = ray.get(engine.group.actors[0].__ray_call__.remote(threads_and_cores))
     assert threads == max(1, cores // len(engine.group.actors))  # one replica here: every core
@@ -139,7 +146,7 @@ def test_conformance_and_bad_inputs(engine, tokenizer):
 
 
 def test_a_folder_vllm_cannot_load_is_a_clear_error(ray_session, config, tmp_path: Path, tiny_model_path):
-    from rl_rollout_vllm.engine import VllmEngine
+    from rl_rollout_vllm.engine import make_engine
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -149,4 +156,4 @@ def test_a_folder_vllm_cannot_load_is_a_clear_error(ray_session, config, tmp_pat
 
     cfg = attrs.evolve(config, policy=attrs.evolve(config.policy, model_name=str(broken)))
     with pytest.raises(RLCoreError, match="cannot load the model folder"):
-        VllmEngine(cfg, cfg.section("policy.generation.vllm_cfg"))
+        make_engine(cfg, cfg.section("policy.generation.vllm_cfg"))

@@ -14,12 +14,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rl_backend_dtensor.plugin import DTensorConfig
-from rl_core import batch as B
-from rl_core.config import PolicyConfig
-from rl_core.optim import make_optimizer, make_scheduler
-from rl_core.protocols import LossFunction, RefitRoute
-from rl_core.weights import RefitSender
+from rl_backend_dtensor.config import DTensorConfig
+from rl_core.api import (
+    LossFunction,
+    PolicyConfig,
+    RefitPayload,
+    RefitRoute,
+    RefitSender,
+    make_optimizer,
+    make_scheduler,
+)
+from rl_core.api import batch as B
 
 
 class DTensorWorker:
@@ -32,12 +37,14 @@ class DTensorWorker:
         policy: PolicyConfig,
         cfg: DTensorConfig,
         seed: int,
+        device: str,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.policy, self.cfg = model_path, policy, cfg
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+        self.chunk_tokens = cfg.logprob_chunk_tokens or (1024 if self.device.type == "cuda" else None)
         torch.manual_seed(seed)
         self.model: Any = None
         self.reference: Any = None
@@ -46,12 +53,12 @@ class DTensorWorker:
     # -- setup ------------------------------------------------------------------------------------------------------
 
     def address(self) -> tuple[str, int]:
-        from rl_core.cluster import free_port, node_address
+        from rl_core.api import free_port, node_address
 
         return node_address()[0], free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        from rl_core.cluster import node_address
+        from rl_core.api import node_address
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -75,7 +82,7 @@ class DTensorWorker:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=torch.float32, trust_remote_code=self.policy.trust_remote_code
         )
         if trainable and self.cfg.activation_checkpointing:
@@ -110,9 +117,10 @@ class DTensorWorker:
         if self.cfg.sequence_packing:
             packed, pos, lengths = B.pack(ids, attn)
             logits = model(input_ids=packed, position_ids=pos.to(self.device), use_cache=False).logits
-            return B.unpack(B.token_logprobs_packed(logits, packed, lengths), lengths, ids.shape[1])
+            lp = B.token_logprobs_packed(logits, packed, lengths, self.chunk_tokens)
+            return B.unpack(lp, lengths, ids.shape[1])
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return B.token_logprobs(logits, ids) * attn
+        return B.token_logprobs(logits, ids, self.chunk_tokens) * attn
 
     def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> list[B.Batch]:
         """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes."""
@@ -161,7 +169,7 @@ class DTensorWorker:
         grad_norm = self._clip()
         self.optimizer.step()
         self.scheduler.step()
-        return {**totals, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+        return {**totals, "grad_norm": grad_norm, "lr": float(self.scheduler.get_last_lr()[0])}
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -184,12 +192,13 @@ class DTensorWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
-        return get_model_state_dict(self.model, options=options)
+        full: dict[str, torch.Tensor] = get_model_state_dict(self.model, options=options)  # type: ignore[assignment]
+        return full
 
-    def weights_for_refit(self, route: RefitRoute) -> Any:
-        """Rank 0's full weights (Hugging Face names) in ``route``'s form; other ranks take part in the gather
-        and return None."""
-        full = self._full_state_dict(on_device=route.kind != "object_store")
+    def weights_for_refit(self, route: RefitRoute) -> RefitPayload | None:
+        """Rank 0's full weights (Hugging Face names) as a refit payload; other ranks take part in the gather and
+        return None. On GPU the weights stay on the device (the GPU routes read them there)."""
+        full = self._full_state_dict(on_device=self.device.type == "cuda")
         return self.refit_sender.publish(full, route) if self.rank == 0 else None
 
     def save_checkpoint(self, path: str) -> None:
@@ -210,7 +219,7 @@ class DTensorWorker:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
@@ -228,7 +237,9 @@ class DTensorWorker:
             dist.barrier()
 
     def offload(self) -> None:
-        """Move parameters and optimizer state to CPU while the engine generates (GPU only; a no-op on CPU)."""
+        """Move parameters and optimizer state to CPU while the engine generates (GPU only; a no-op on CPU). The
+        last refit is released first: the engine has loaded it, and its CUDA IPC tensors would pin GPU memory."""
+        self.refit_sender.release()
         if self.device.type == "cuda":
             self.model.to("cpu")
             _move_optimizer(self.optimizer, "cpu")

@@ -20,9 +20,9 @@ def apply() -> None:
     if _applied or torch.cuda.is_available():
         return
     _applied = True
-    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment, return-value]
     # dist-checkpointing's writer waits for device copies before writing: nothing to wait for on CPU
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None
 
     from megatron.core.tensor_parallel import random as mp_random
 
@@ -31,7 +31,7 @@ def apply() -> None:
         # one CPU generator: dropout and init draw from torch's default RNG
         yield
 
-    mp_random.CudaRNGStatesTracker.fork = fork  # type: ignore[method-assign]
+    mp_random.CudaRNGStatesTracker.fork = fork
 
     def manual_seed(seed: int, *args: object, **kwargs: object) -> None:
         torch.manual_seed(seed)
@@ -55,7 +55,7 @@ def apply() -> None:
 
     shim = _CpuTorch(torch)
     for module in (optimizer, clip_grads, mcore_utils, schedules, p2p_communication, finalize_model_grads):
-        module.torch = shim  # type: ignore[attr-defined]
+        module.torch = shim
 
     def clip_by_total_norm(
         parameters: object, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
@@ -89,6 +89,6 @@ class _CpuTorch:
         def factory(*args: object, **kwargs: object) -> object:
             if str(kwargs.get("device", "")).startswith("cuda"):
                 kwargs["device"] = "cpu"
-            return value(*args, **kwargs)  # type: ignore[operator]
+            return value(*args, **kwargs)
 
         return factory

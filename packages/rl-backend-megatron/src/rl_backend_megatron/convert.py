@@ -14,6 +14,7 @@ a crash mid-way leaves a temporary folder that is never used.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.errors import InputError
+from rl_core.api import InputError
 
 SUPPORTED = {"llama", "qwen2", "qwen3", "mistral"}
 CONVERTED = "megatron_weights.safetensors"
@@ -53,7 +54,7 @@ def source_key(hf_dir: Path) -> str:
         if path.name == "config.json" or path.suffix in (".safetensors", ".bin"):
             digest.update(path.name.encode())
             with path.open("rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                for block in iter(functools.partial(f.read, 1 << 20), b""):
                     digest.update(block)
     return digest.hexdigest()[:16]
 

@@ -1,4 +1,4 @@
-"""One megatron-core rank (tensor x data parallel), run inside a Ray actor."""
+"""One megatron-core rank (tensor x pipeline x data parallel), run inside a Ray actor."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl_backend_megatron.config import MegatronConfig
 from rl_backend_megatron.convert import CONVERTED, megatron_to_hf, shard, unshard
-from rl_backend_megatron.plugin import MegatronConfig
-from rl_core import batch as B
-from rl_core.config import PolicyConfig, SchedulerConfig
-from rl_core.optim import lr_multiplier
-from rl_core.protocols import LossFunction, RefitRoute
-from rl_core.weights import RefitSender
+from rl_core.api import (
+    LossFunction,
+    PolicyConfig,
+    RefitPayload,
+    RefitRoute,
+    RefitSender,
+    SchedulerConfig,
+    lr_multiplier,
+)
+from rl_core.api import batch as B
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 
@@ -36,25 +41,28 @@ class MegatronWorker:
         policy: PolicyConfig,
         cfg: MegatronConfig,
         seed: int,
+        device: str,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.converted, self.policy, self.cfg = model_path, Path(converted), policy, cfg
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         torch.manual_seed(seed)
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.seed = seed
+        self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.reference: Any = None
         self.steps = 0
         self.refit_sender = RefitSender()
 
     def address(self) -> tuple[str, int]:
-        from rl_core.cluster import free_port, node_address
+        from rl_core.api import free_port, node_address
 
         return node_address()[0], free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         from rl_backend_megatron import compat
 
-        compat.apply()
+        if self.device.type == "cpu":
+            compat.apply()
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
@@ -68,6 +76,12 @@ class MegatronWorker:
             tensor_model_parallel_size=self.cfg.tensor_model_parallel_size, pipeline_model_parallel_size=self.pp
         )
         self.ps = ps
+        if self.device.type == "cuda":
+            # megatron's dropout and initialisation draw from its tracked CUDA RNG states, which must be seeded
+            from megatron.core import tensor_parallel
+
+            torch.cuda.set_device(self.device)
+            tensor_parallel.model_parallel_cuda_manual_seed(self.seed)
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         model = self._load_model()
         ddp_config = DistributedDataParallelConfig(
@@ -97,12 +111,12 @@ class MegatronWorker:
         )
         s = self.cfg.scheduler
         self.schedule = SchedulerConfig(
-            name={"constant": "constant", "cosine": "cosine", "linear": "linear"}[s.lr_decay_style],
+            name=s.lr_decay_style,
             warmup_steps=s.lr_warmup_iters,
             total_steps=s.lr_decay_iters,
             min_lr_ratio=o.min_lr / o.lr,
         )
-        from rl_core.cluster import node_address
+        from rl_core.api import node_address
 
         ip, node_id = node_address()
         return {
@@ -163,11 +177,12 @@ class MegatronWorker:
         n = len(mbs)
 
         def step(data: Any, chunk: Any) -> tuple[torch.Tensor, Any]:
-            mb = next(data)
-            ids = mb["input_ids"].to(self.device)
+            # every tensor the loss reads on this rank's device (the driver's shards arrive on CPU)
+            mb = B.to_device(next(data), self.device)
+            ids = mb["input_ids"]
 
             def loss(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-                lp = token_logprobs(logits, ids) * mb["attention_mask"].to(self.device)
+                lp = token_logprobs(logits, ids) * mb["attention_mask"]
                 # the schedule divides by the number of micro-batches: undo it, the loss is a global share
                 return on_logprobs(mb, lp) * n, {}
 
@@ -251,9 +266,9 @@ class MegatronWorker:
     def full_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         return self._gather({n.removeprefix("module."): p.data for n, p in self.model.named_parameters()}, on_device)
 
-    def weights_for_refit(self, route: RefitRoute) -> Any:
-        """Rank 0's full weights in Hugging Face names, in ``route``'s form; other ranks take part in the
-        gather and return None."""
+    def weights_for_refit(self, route: RefitRoute) -> RefitPayload | None:
+        """Rank 0's full weights in Hugging Face names as a refit payload; other ranks take part in the gather
+        and return None."""
         hf = megatron_to_hf(self.full_weights(on_device=True), self.hf_config)
         return self.refit_sender.publish(hf, route) if self.rank == 0 else None
 
@@ -311,7 +326,8 @@ class MegatronWorker:
         torch.set_rng_state(extra["rng"])
 
     def offload(self) -> None:
-        return None
+        """Release the last refit's tensors (they pin device memory); the model stays on its device."""
+        self.refit_sender.release()
 
     def onload(self) -> None:
         return None

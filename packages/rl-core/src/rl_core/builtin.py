@@ -1,16 +1,16 @@
-"""The core's own parts, registered through the same hooks as external plugins: the four algorithm loops, the
-rule-based reward sources, the optional metrics loggers and the weight transports (one per route)."""
+"""The core's own plugin (entry point ``core``, loaded like any other): the four algorithm loops, the rule-based
+reward sources, the optional metrics loggers and the plain ``rl_step``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
-
-import attrs
+from pathlib import Path
+from typing import Any
 
 from rl_core.hookspecs import hookimpl
-from rl_core.protocols import RefitRoute, RefitStats, RolloutEngine, TrainingBackend
-from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec, WeightTransportSpec
+from rl_core.protocols import MetricsLogger, RewardSource
+from rl_core.schema import Config
+from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec
 
 
 @hookimpl
@@ -56,7 +56,7 @@ def rl_algorithms() -> list[AlgorithmSpec]:
 
 
 def _reward(name: str, cls_path: str, cfg_cls: type, description: str) -> RewardSourceSpec:
-    def factory(options: Any) -> Any:
+    def factory(options: Any) -> RewardSource:
         from rl_core import rewards
 
         return getattr(rewards, cls_path)(cfg=options if options is not None else cfg_cls())
@@ -77,19 +77,19 @@ def rl_reward_sources() -> list[RewardSourceSpec]:
     ]
 
 
-def _tensorboard(config: Any, run_dir: Any) -> Any:
+def _tensorboard(config: Config, run_dir: Path) -> MetricsLogger:
     from rl_core.metrics import TensorBoardLogger
 
     return TensorBoardLogger(run_dir)
 
 
-def _wandb(config: Any, run_dir: Any) -> Any:
+def _wandb(config: Config, run_dir: Path) -> MetricsLogger:
     from rl_core.metrics import WandbLogger
 
     return WandbLogger(config, run_dir)
 
 
-def _mlflow(config: Any, run_dir: Any) -> Any:
+def _mlflow(config: Config, run_dir: Path) -> MetricsLogger:
     from rl_core.metrics import MlflowLogger
 
     return MlflowLogger(config, run_dir)
@@ -100,42 +100,6 @@ def rl_loggers() -> list[LoggerSpec]:
     return [
         LoggerSpec(name=name, factory=factory, config_key=f"logger.{name}_enabled", package=f"rl-core[{name}]")
         for name, factory in (("tensorboard", _tensorboard), ("wandb", _wandb), ("mlflow", _mlflow))
-    ]
-
-
-@attrs.frozen
-class RouteTransport:
-    """Asks the backend for its weights in one route's form and hands them to the engine."""
-
-    kind: Literal["object_store", "cuda_ipc", "broadcast"]
-
-    def refit(self, backend: TrainingBackend, engine: RolloutEngine) -> RefitStats:
-        route = RefitRoute(kind=self.kind, receivers=tuple(engine.weight_receivers()))
-        return engine.update_weights(backend.weights_for_refit(route))
-
-
-def _serves(device: str | None, colocated: bool | None) -> Callable[[str, str, str, bool], bool]:
-    """A transport's ``supports``: any backend and engine, on ``device`` and placement (None: any)."""
-    return lambda _backend, _engine, d, c: device in (None, d) and colocated in (None, c)
-
-
-@hookimpl
-def rl_weight_transports() -> list[WeightTransportSpec]:
-    routes: list[tuple[Literal["object_store", "cuda_ipc", "broadcast"], int, str | None, bool | None, str]] = [
-        ("object_store", 0, None, None, "Ray shared-memory object store (any device; the CPU default)"),
-        ("cuda_ipc", 20, "cuda", True, "CUDA IPC handles: the engine copies from the trainer's GPU memory (colocated)"),
-        ("broadcast", 20, "cuda", False, "broadcast from trainer rank 0 to every engine process (NCCL; gloo on CPU)"),
-    ]
-    return [
-        WeightTransportSpec(
-            name=kind,
-            factory=lambda kind=kind: RouteTransport(kind),
-            priority=priority,
-            supports=_serves(device, colocated),
-            description=description,
-            package="rl-core",
-        )
-        for kind, priority, device, colocated, description in routes
     ]
 
 

@@ -1,6 +1,8 @@
-"""The ``rl-core`` command line: ``run``, ``plugins``, ``plot``, ``config-reference``, plus plugin subcommands.
+"""The ``rl-core`` command line: ``run``, ``plugins``, ``certify``, ``plot``, ``config-reference``, plus plugin
+subcommands.
 
-Errors are one clear message (exit status 2), with the traceback only under ``--debug``.
+Errors are one clear line (exit status 2), with the traceback only under ``--debug``; lines are never wrapped, so
+that piped output reads whole. ``--verbose`` shows third-party output (workers, vLLM, Ray) on the terminal too.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,10 +22,10 @@ from rich.table import Table
 
 from rl_core.__about__ import __version__
 from rl_core.errors import RLCoreError
-from rl_core.registry import KINDS, Registry
+from rl_core.registry import Kind, Registry
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _split_config(items: Sequence[str]) -> tuple[Path | None, list[str]]:
@@ -34,9 +37,9 @@ def _split_config(items: Sequence[str]) -> tuple[Path | None, list[str]]:
 
 def _components(registry: Registry, plugin: str) -> list[dict[str, Any]]:
     out = []
-    for kind in KINDS:
-        for name, spec in registry.specs(kind).items():  # type: ignore[arg-type]
-            if registry.owner(kind, name).name == plugin:  # type: ignore[arg-type]
+    for kind in typing.get_args(Kind):
+        for name, spec in registry.specs(kind).items():
+            if registry.owner(kind, name).name == plugin:
                 out.append(
                     {
                         "kind": kind,
@@ -68,7 +71,7 @@ def cmd_plugins(args: argparse.Namespace, registry: Registry) -> int:
         return explain(args.explain, registry, as_json=args.json)
     report = plugins_report(registry)
     if args.json:
-        print(json.dumps(report, indent=2))
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return 0
     table = Table(title="rl-core plugins")
     for column in ("plugin", "distribution", "version", "status", "components (kind: name, priority)"):
@@ -85,26 +88,22 @@ def cmd_plugins(args: argparse.Namespace, registry: Registry) -> int:
 
 def explain(items: Sequence[str], registry: Registry, *, as_json: bool) -> int:
     from rl_core.config import load_config
-    from rl_core.run import select_components
+    from rl_core.placement import detected_device
+    from rl_core.selection import select_components
 
     path, overrides = _split_config(items)
     config = load_config(path, overrides, registry)
-    chosen = select_components(config, registry)
-    lines = {"algorithm": f"algorithm: {config.algorithm}", "training_backend": chosen.backend.describe()}
-    if chosen.engine is not None:
-        lines["rollout_engine"] = chosen.engine.describe()
-        lines["weight_transport"] = f"weight transport: {chosen.transport.name}"
-        lines["reward_sources"] = "reward sources: " + ", ".join(chosen.rewards)
+    chosen = select_components(config, registry, detected_device(config))
     if as_json:
         data: dict[str, Any] = {"algorithm": config.algorithm, "training_backend": _sel(chosen.backend)}
         if chosen.engine is not None:
             data["rollout_engine"] = _sel(chosen.engine)
-            data["weight_transport"] = chosen.transport.name
+            data["weight_transport"] = chosen.route
             data["reward_sources"] = list(chosen.rewards)
-        print(json.dumps(data, indent=2))
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        for line in lines.values():
-            console.print(line)
+        for line in chosen.lines().values():
+            console.print(escape(line), highlight=False)
     return 0
 
 
@@ -118,15 +117,35 @@ def _sel(selection: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
+    import attrs
+
     from rl_core.config import load_config
+    from rl_core.console import RunConsole
+    from rl_core.logs import run_logs
     from rl_core.run import run_config
 
     path, overrides = _split_config(args.items)
     config = load_config(path, overrides, registry)
-    metrics = run_config(config, registry, console)
-    shown = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("val/", "reward"))}
-    console.print(f"[bold green]done[/bold green] {shown}")
+    if args.debug:  # every refit's weights verified
+        config = attrs.evolve(config, health=attrs.evolve(config.health, verify_refit_every=1))
+    run_console = RunConsole(console, progress=config.logger.progress, verbose=args.verbose)
+    with run_logs(Path(config.run_dir).resolve(), verbose=args.verbose or args.debug):
+        run_config(config, registry, run_console)
     return 0
+
+
+def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:
+    import tempfile
+
+    from rl_core.testing.certify import certify
+
+    with tempfile.TemporaryDirectory(prefix="rl-core-certify-") as work:
+        card = certify(args.name, registry, kind=args.kind, quick=args.quick, options=args.option, work=Path(work))
+    if args.json:
+        sys.stdout.write(json.dumps(card.as_dict(), indent=2) + "\n")
+    else:  # a report card piped to a file is not squeezed into 80 columns
+        Console(width=None if console.is_terminal else 160).print(card.render())
+    return 0 if card.passed else 1
 
 
 def cmd_plot(args: argparse.Namespace, _registry: Registry) -> int:
@@ -158,7 +177,10 @@ def versions(registry: Registry) -> str:
 
 def build_parser(registry: Registry) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl-core", description="RL post-training for language models.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs; verify every refit")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the workers', vLLM's and Ray's output on the terminal too"
+    )
     parser.add_argument("--version", action="store_true", help="print each package's version")
     sub = parser.add_subparsers(dest="command")
 
@@ -170,6 +192,14 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--explain", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
     p.set_defaults(handler=cmd_plugins)
+
+    p = sub.add_parser("certify", help="check a training backend, rollout engine or reward source for silent wrongness")
+    p.add_argument("name", help="the component's registered name (rl-core plugins lists them)")
+    p.add_argument("--kind", choices=["backend", "engine", "reward"], help="when a name is registered as several")
+    p.add_argument("--quick", action="store_true", help="fewer refit routes and batch splits (under 2 minutes)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a reward source's options")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_certify)
 
     p = sub.add_parser("plot", help="draw a run's reward, KL, loss and phase-time curves to a PNG")
     p.add_argument("run_dir")
@@ -192,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rl_core").setLevel(logging.DEBUG if debug else logging.INFO)
+    # on the terminal: warnings and errors only (rl-core run keeps everything in RUN_DIR/logs/driver.log)
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.DEBUG if debug or "--verbose" in argv else logging.WARNING)
     try:
         registry = Registry.discover()
         parser = build_parser(registry)
@@ -202,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 0
-        return int(args.handler(args, registry) or 0)
+        status = int(args.handler(args, registry) or 0)
+        sys.stdout.flush()  # here, where a broken pipe is caught, not at exit
+        return status
     except RLCoreError as exc:
         if debug:
             raise
@@ -211,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/bold red]")
         return 130
+    except BrokenPipeError:  # the reader went away (``rl-core plugins --json | head``): not an error
+        _silence_stdout()
+        return 0
     except Exception as exc:
         if debug:
             raise
@@ -219,6 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             highlight=False,
         )
         return 1
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so that Python's exit flush does not fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The Ray layer: start or join a cluster, place groups of worker actors, call them, and report dead workers.
 
-Workers are plain classes; ``WorkerGroup`` wraps them as Ray actors in a placement group (``pack`` or ``spread``
-over nodes). torch.distributed rendezvous uses the address Ray reports for rank 0, never ``localhost``.
+Workers are plain classes; ``WorkerGroup`` wraps them as Ray actors placed as a ``rl_core.placement.GroupLayout``
+says (``pack`` or ``spread`` over nodes). torch.distributed rendezvous uses the address Ray reports for rank 0,
+never ``localhost``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 
 import attrs
 
-from rl_core.config import ClusterConfig
 from rl_core.errors import RLCoreError
+from rl_core.placement import GroupLayout
+from rl_core.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,10 @@ class WorkerDiedError(RLCoreError):
     """A worker process died; the message names the worker and its node."""
 
 
-def init_ray(cfg: ClusterConfig) -> None:
-    """Join ``cluster.address`` (or ``RAY_ADDRESS``), else start a local Ray (once per process)."""
+def init_ray(cfg: ClusterConfig, *, verbose: bool = True) -> None:
+    """Join ``cluster.address`` (or ``RAY_ADDRESS``), else start a local Ray (once per process). Unless
+    ``verbose``, Ray's own messages and the workers' output stay off the terminal (workers write
+    ``RUN_DIR/logs/``)."""
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     token = use_auth_token(cfg) if address else False  # before Ray is imported: it reads RAY_AUTH_MODE then
     import ray
@@ -37,7 +41,7 @@ def init_ray(cfg: ClusterConfig) -> None:
     if address:
         log.info("joining Ray cluster at %s (token authentication %s)", address, "on" if token else "off")
         try:
-            ray.init(address=address, runtime_env=env, log_to_driver=True)
+            ray.init(address=address, runtime_env=env, log_to_driver=verbose, logging_level=_ray_level(verbose))
         except ConnectionError as exc:
             hint = (
                 "the cluster may require token authentication: put its token in RAY_AUTH_TOKEN, or in a file named by "
@@ -55,7 +59,17 @@ def init_ray(cfg: ClusterConfig) -> None:
         return
     # Logical CPUs for scheduling; workers set their own thread counts.
     num_cpus = cfg.cpus_per_node or max(os.cpu_count() or 1, 8)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        runtime_env=env,
+        log_to_driver=verbose,
+        logging_level=_ray_level(verbose),
+    )
+
+
+def _ray_level(verbose: bool) -> int:
+    return logging.INFO if verbose else logging.ERROR
 
 
 def use_auth_token(cfg: ClusterConfig) -> bool:
@@ -122,7 +136,7 @@ def tee_output(path: str) -> None:
 def _with_log(worker_cls: type) -> type:
     """``worker_cls`` whose constructor first tees the process output into the file given as ``rl_log_path``."""
 
-    class Logged(worker_cls):  # type: ignore[misc, valid-type]
+    class Logged(worker_cls):
         def __init__(self, *, rl_log_path: str, **kwargs: Any) -> None:
             tee_output(rl_log_path)
             super().__init__(**kwargs)
@@ -149,8 +163,44 @@ class WorkerInfo:
     node_id: str
 
 
+class _SharedGroups:
+    """The colocated placement groups, one per run key, removed when the last worker group using one shuts down."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, tuple[Any, int]] = {}
+
+    def acquire(self, key: str, bundles: Sequence[Mapping[str, float]], strategy: str) -> Any:
+        from ray.util.placement_group import placement_group
+
+        if key in self.groups:
+            pg, users = self.groups[key]
+            self.groups[key] = (pg, users + 1)
+            return pg
+        pg = placement_group([dict(b) for b in bundles], strategy=strategy)
+        self.groups[key] = (pg, 1)
+        return pg
+
+    def release(self, key: str) -> bool:
+        """Whether the caller was the last user (and should remove the placement group)."""
+        pg, users = self.groups[key]
+        if users > 1:
+            self.groups[key] = (pg, users - 1)
+            return False
+        del self.groups[key]
+        return True
+
+
+_SHARED = _SharedGroups()
+
+
+def _gpu_ids() -> list[str]:
+    import ray
+
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
 class WorkerGroup:
-    """``size`` Ray actors of ``worker_cls`` in one placement group; ``make_args(rank) -> kwargs``.
+    """Ray actors of ``worker_cls`` placed as ``layout`` says; ``make_args(rank) -> kwargs``.
 
     Before the actors start, every node of the group checks that it sees ``required_paths`` (model folders,
     the run folder); each actor's output is copied to ``log_dir/NAME-RANK.log``.
@@ -159,13 +209,11 @@ class WorkerGroup:
     def __init__(
         self,
         worker_cls: type,
-        size: int,
+        layout: GroupLayout,
         make_args: Callable[[int], Mapping[str, Any]],
         *,
         name: str,
         placement: str = "pack",
-        cpus_per_worker: float = 1.0,
-        gpus_per_worker: float = 0.0,
         env_vars: Mapping[str, str] | None = None,
         required_paths: Sequence[str] = (),
         log_dir: Path | None = None,
@@ -175,29 +223,40 @@ class WorkerGroup:
 
         self.name = name
         self.log_dir = log_dir
+        self.layout = layout
         self.actors: list[Any] = []
-        bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         strategy = "SPREAD" if placement == "spread" else "PACK"
-        self.pg = placement_group([dict(bundle) for _ in range(size)], strategy=strategy)
+        if layout.shared:
+            self.pg = _SHARED.acquire(layout.shared, layout.bundles, strategy)
+        else:
+            self.pg = placement_group([dict(b) for b in layout.bundles], strategy=strategy)
         try:
             ray.get(self.pg.ready(), timeout=300)
         except ray.exceptions.GetTimeoutError:
+            self._remove_placement()
             raise RLCoreError(
-                f"the cluster cannot place {size} x {bundle} for worker group {name!r} within 5 minutes: "
+                f"the cluster cannot place {list(layout.bundles)} for worker group {name!r} within 5 minutes: "
                 f"resources available: {ray.available_resources()}"
             ) from None
         self._check_paths(required_paths)
-        remote = ray.remote(_with_log(worker_cls) if log_dir is not None else worker_cls)
-        for rank in range(size):
+        remote: Any = ray.remote(_with_log(worker_cls) if log_dir is not None else worker_cls)
+        visible = self._visible_gpus()
+        for rank in range(layout.size):
             kwargs = dict(make_args(rank))
             if log_dir is not None:
                 kwargs["rl_log_path"] = str(log_dir / f"{name}-{rank}.log")
+            env = dict(env_vars or {})
+            if visible is not None:
+                # Ray would show this actor only the GPU of its own share: it sees the GPUs of all its bundles
+                env.update(
+                    CUDA_VISIBLE_DEVICES=",".join(visible[rank]), RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1"
+                )
             self.actors.append(
                 remote.options(
-                    num_cpus=cpus_per_worker,
-                    num_gpus=gpus_per_worker,
-                    scheduling_strategy=self._bundle(rank),
-                    runtime_env={"env_vars": dict(env_vars or {})},
+                    num_cpus=layout.num_cpus,
+                    num_gpus=layout.num_gpus,
+                    scheduling_strategy=self._bundle(layout.bundle_index[rank]),
+                    runtime_env={"env_vars": env},
                 ).remote(**kwargs)
             )
         self._wait_started()
@@ -206,6 +265,17 @@ class WorkerGroup:
             for rank, (pid, ip, node) in enumerate(self.get([a.__ray_call__.remote(_whoami) for a in self.actors]))
         ]
         log.info(self.describe())
+
+    def _visible_gpus(self) -> list[list[str]] | None:
+        """Per actor, the GPU ids of the bundles it sees (``layout.visible_bundles``), asked of Ray in each bundle."""
+        import ray
+
+        if self.layout.visible_bundles is None:
+            return None
+        probe = ray.remote(num_cpus=0, num_gpus=0.01)(_gpu_ids)
+        needed = sorted({b for bundles in self.layout.visible_bundles for b in bundles})
+        ids = dict(zip(needed, ray.get([probe.options(scheduling_strategy=self._bundle(b)).remote() for b in needed])))
+        return [[gpu for b in bundles for gpu in ids[b]] for bundles in self.layout.visible_bundles]
 
     def _bundle(self, rank: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -219,8 +289,8 @@ class WorkerGroup:
         if not paths:
             return
         probe = ray.remote(num_cpus=0)(_missing_paths)
-        size = self.pg.bundle_count
-        results = ray.get([probe.options(scheduling_strategy=self._bundle(r)).remote(list(paths)) for r in range(size)])
+        bundles = sorted(set(self.layout.bundle_index))
+        results = ray.get([probe.options(scheduling_strategy=self._bundle(b)).remote(list(paths)) for b in bundles])
         problems = {
             f"node {ip} ({node[:12]}) cannot see {', '.join(missing)}" for ip, node, missing in results if missing
         }
@@ -322,11 +392,20 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        remove_placement_group(self.pg)
+        self.actors = []
+        self._remove_placement()
+
+    def _remove_placement(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if self.pg is None:
+            return
+        if not self.layout.shared or _SHARED.release(self.layout.shared):
+            remove_placement_group(self.pg)
+        self.pg = None
 
 
 def _root_cause(exc: BaseException) -> str:

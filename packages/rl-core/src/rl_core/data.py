@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import DataConfig
 from rl_core.errors import ConfigError, InputError
+from rl_core.schema import DataConfig
 
 Example = dict[str, Any]
 

@@ -3,29 +3,50 @@
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from typing import Any
 
 import attrs
 
-from rl_core.config import Config
 from rl_core.registry import Registry
+from rl_core.schema import Config
 
 
 def _type_name(tp: Any) -> str:
-    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    """A type as written in code, the same on every Python version (``str(type)`` is not)."""
+    if tp is type(None):
+        return "None"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
+    return getattr(tp, "__name__", str(tp))
 
 
 def _default(field: attrs.Attribute) -> str:
     if field.default is attrs.NOTHING:
         return "required"
     if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-        return "(section)" if attrs.has(field.type) or isinstance(field.type, str) else "[]"
+        return (
+            "(section)" if isinstance(field.type, str) or (field.type is not None and attrs.has(field.type)) else "[]"
+        )
     return repr(field.default)
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """``#:`` comments above fields in the class source."""
+    """``#:`` comments above fields in the source of the class and of the classes it inherits fields from."""
+    out: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if attrs.has(k)]):
+        out.update(_own_comments(klass))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
@@ -49,6 +70,9 @@ def _section(prefix: str, cls: type, out: list[str]) -> None:
     out.append(f"\n### `{prefix or '(top level)'}`\n")
     if doc:
         out.append(doc.replace("\n", " ") + "\n")
+    aliases = getattr(cls, "ALIASES", {})
+    if aliases:
+        out.append("Aliases: " + ", ".join(f"`{a}` for `{c}`" for a, c in aliases.items()) + ".\n")
     out.append("| key | type | default | meaning |\n|---|---|---|---|")
     notes = _comments(cls)
     nested = []
@@ -74,8 +98,8 @@ def config_reference(registry: Registry) -> str:
         "command line as `dotted.key=value`. Unknown keys are errors.",
     ]
     _section("", Config, out)
-    for key, (_kind, spec) in sorted(registry.section_classes().items()):
-        _section(key, spec.config_class, out)
+    for key, cls in sorted(registry.section_classes().items()):
+        _section(key, cls, out)
     for name, spec in sorted(registry.specs("reward_source").items()):
         if spec.config_class is not None:
             _section(f"reward.sources[] (name: {name})", spec.config_class, out)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
+    from rl_core.schema import Config
     from rl_core.specs import (
         AlgorithmSpec,
         CliCommandSpec,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
         RewardSourceSpec,
         RolloutEngineSpec,
         TrainingBackendSpec,
-        WeightTransportSpec,
     )
 
 PROJECT = "rl_core"
@@ -73,11 +73,6 @@ def rl_loggers() -> list[LoggerSpec]:
 
 
 @hookspec
-def rl_weight_transports() -> list[WeightTransportSpec]:
-    """Ways to move weights from a training backend to a rollout engine; chosen per (backend, engine, device)."""
-
-
-@hookspec
 def rl_cli_commands() -> list[CliCommandSpec]:
     """Subcommands added to ``rl-core`` (for example ``rl-core reward-server serve``)."""
 
@@ -88,8 +83,8 @@ def rl_cli_commands() -> list[CliCommandSpec]:
 
 
 @hookspec
-def rl_run_start(config: Any, run_dir: Path) -> None:
-    """A run starts; ``config`` is the resolved ``rl_core.config.Config``."""
+def rl_run_start(config: Config, run_dir: Path) -> None:
+    """A run starts; ``config`` is the resolved ``rl_core.schema.Config``."""
 
 
 @hookspec(firstresult=True)
@@ -114,3 +109,17 @@ def rl_checkpoint_saved(step: int, path: Path) -> None:
 @hookspec
 def rl_run_end(run_dir: Path, metrics: dict[str, float], error: BaseException | None) -> None:
     """A run ended, successfully (``error`` is None) or not."""
+
+
+class HookRelay(Protocol):
+    """The typed face of ``Registry.hook``: the lifecycle hooks, called with keyword arguments."""
+
+    def rl_run_start(self, *, config: Config, run_dir: Path) -> list[None]: ...
+
+    def rl_step(self, *, step: int, algorithm: str, run: Callable[[], dict[str, float]]) -> dict[str, float]: ...
+
+    def rl_step_end(self, *, step: int, metrics: dict[str, float]) -> list[None]: ...
+
+    def rl_checkpoint_saved(self, *, step: int, path: Path) -> list[None]: ...
+
+    def rl_run_end(self, *, run_dir: Path, metrics: dict[str, float], error: BaseException | None) -> list[None]: ...

@@ -9,16 +9,19 @@ Metrics are returned as tensors with the same normalisation, to be summed the sa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from rl_core.config import LossConfig
+from rl_core.errors import InputError
+from rl_core.schema import LossConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
-    from rl_core.batch import Batch
+    from rl_core.batch import PolicyGradientBatch, PreferenceBatch, TokenBatch
 
 
 def kl_estimate(
@@ -52,7 +55,18 @@ def kl_estimate(
     return kl
 
 
-def _loss_mask(batch: Batch) -> torch.Tensor:
+def check_devices(batch: Mapping[str, Any], logprobs: torch.Tensor) -> None:
+    """Every tensor of ``batch`` on the device of ``logprobs``, or an error naming the key: a backend must move the
+    batch it trains on to its device before the loss reads it."""
+    for key, value in batch.items():
+        if value.device != logprobs.device:
+            raise InputError(
+                f"batch[{key!r}] is on {value.device} but the logprobs are on {logprobs.device}: the training "
+                "backend must move every batch tensor to its device before calling the loss (rl_core.batch.to_device)"
+            )
+
+
+def _loss_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     mask = batch["loss_mask"].float()  # [B, T]
     if "sample_mask" in batch:
         mask = mask * batch["sample_mask"].float().unsqueeze(1)
@@ -82,15 +96,18 @@ class ClippedPGLoss:
     cfg: LossConfig = attrs.Factory(LossConfig)
     group_size: int = 1
 
-    def count(self, batch: Batch) -> float:
+    def count(self, batch: PolicyGradientBatch) -> float:
         mask = _loss_mask(batch)
         if self.cfg.token_level_loss:
             return float(mask.sum())
         return float((mask.sum(1) > 0).sum())
 
-    def __call__(self, batch: Batch, logprobs: torch.Tensor, normalizer: float) -> tuple[torch.Tensor, dict]:
+    def __call__(
+        self, batch: PolicyGradientBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         import torch
 
+        check_devices(batch, logprobs)
         cfg = self.cfg
         mask = _loss_mask(batch)  # [B, T]
         adv = batch["advantages"].float()  # [B, T]
@@ -145,10 +162,13 @@ class NLLLoss:
 
     group_size: int = 1
 
-    def count(self, batch: Batch) -> float:
+    def count(self, batch: TokenBatch) -> float:
         return float(_loss_mask(batch).sum())
 
-    def __call__(self, batch: Batch, logprobs: torch.Tensor, normalizer: float) -> tuple[torch.Tensor, dict]:
+    def __call__(
+        self, batch: TokenBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        check_devices(batch, logprobs)
         mask = _loss_mask(batch)  # [B, T]
         loss = -(logprobs * mask).sum() / normalizer
         return loss, {"loss": loss.detach()}
@@ -172,12 +192,15 @@ class DPOLoss:
     average_log_probs: bool = False
     group_size: int = 2
 
-    def count(self, batch: Batch) -> float:
+    def count(self, batch: PreferenceBatch) -> float:
         return batch["input_ids"].shape[0] / 2
 
-    def __call__(self, batch: Batch, logprobs: torch.Tensor, normalizer: float) -> tuple[torch.Tensor, dict]:
+    def __call__(
+        self, batch: PreferenceBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         import torch
 
+        check_devices(batch, logprobs)
         mask = _loss_mask(batch)  # [B, T]
         lengths = mask.sum(1).clamp(min=1.0)  # [B]
         seq = (logprobs * mask).sum(1)  # [B]

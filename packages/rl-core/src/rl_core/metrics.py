@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import Config
+from rl_core.schema import Config
 
 
 def _clean(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -27,12 +27,29 @@ class JsonlLogger:
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a")
 
+    def resume(self, step: int) -> None:
+        """Drop the rows after ``step`` (written by a run that was killed after its last checkpoint), so that each
+        step appears once."""
+        self._file.close()
+        kept = [line for line in self.path.read_text().splitlines(keepends=True) if _step_of(line) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(self.path)
+        self._file = self.path.open("a")
+
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self._file.write(json.dumps({"step": step, **_clean(metrics)}) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # a half-written last line: dropped
 
 
 class TensorBoardLogger:
@@ -90,7 +107,7 @@ class MlflowLogger:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """The rows of ``RUN_DIR/metrics.jsonl``, the last row per step winning (a resumed run rewrites steps)."""
+    """The rows of ``RUN_DIR/metrics.jsonl``, one per step (the last one, should a step appear twice)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from rl_core.config import OptimizerConfig, SchedulerConfig
+from rl_core.schema import OptimizerConfig, SchedulerConfig
 
 if TYPE_CHECKING:
     import torch

@@ -1,21 +1,26 @@
-"""The contracts between the core and its plugins (DESIGN.md section 4).
+"""The contracts between the core and its plugins.
 
 Protocols, not base classes: a plugin implements the methods; nothing is inherited across packages.
-Batches are dicts of tensors (``rl_core.batch``); records are frozen attrs classes defined here.
+Batches are dicts of tensors (``rl_core.batch``, typed by its ``TypedDict``s); records are frozen attrs classes
+defined here and in ``rl_core.refit`` (the weight routes).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
 if TYPE_CHECKING:
     import torch
 
-    from rl_core.batch import Batch
+    from rl_core.batch import TokenBatch, TokenBatchT
+    from rl_core.refit import RefitPayload, RefitRoute, RefitStats
+
+#: the batch a loss reads (``TokenBatch``, ``PolicyGradientBatch``, ``PreferenceBatch``, or an untyped ``Batch``).
+BatchT_contra = TypeVar("BatchT_contra", contravariant=True)
 
 FinishReason = Literal["stop", "length"]
 
@@ -48,61 +53,46 @@ class Rollout:
     finish_reason: FinishReason
 
 
-@attrs.frozen(kw_only=True)
-class RefitRoute:
-    """The route of one refit, chosen by the weight transport (``rl_core.weights`` implements each):
-    ``object_store`` (Ray shared memory), ``cuda_ipc`` (same GPU), ``broadcast`` (a process group from the
-    trainer's rank 0 to every engine process: NCCL on GPU, gloo on CPU)."""
-
-    kind: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
-    #: the host (IP) of every engine process that receives (``RolloutEngine.weight_receivers()``): a broadcast's
-    #: group size; when all share the sender's host, ``object_store`` copies into host shared memory instead.
-    receivers: tuple[str, ...] = ()
-
-
-@attrs.frozen(kw_only=True)
-class RefitStats:
-    """What a weight refit moved and how long it took."""
-
-    num_bytes: int
-    num_tensors: int
-    seconds: float
-
-
-class LossFunction(Protocol):
+class LossFunction(Protocol[BatchT_contra]):
     """A pure loss: ``loss_fn(batch, logprobs, normalizer) -> (loss, metrics)``.
 
     ``logprobs [B, T]`` are the current policy's log-probabilities of ``batch["input_ids"]`` (position ``t`` holds
     ``log p(x_t | x_<t)``, position 0 is 0). The loss is a *sum* over the rows given divided by ``normalizer``,
     the global count (``count``) over the whole optimizer-step batch across all ranks and micro-batches, so that
-    summing the losses (and metrics) of all micro-batches gives the global mean whatever the split.
+    summing the losses (and metrics) of all micro-batches gives the global mean whatever the split. Every tensor
+    of ``batch`` must be on the device of ``logprobs``.
     """
 
     def __call__(
-        self, batch: Batch, logprobs: torch.Tensor, normalizer: float
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+        self, batch: BatchT_contra, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
-    def count(self, batch: Batch) -> float:
+    def count(self, batch: BatchT_contra) -> float:
         """This batch's contribution to the normaliser (valid tokens, sequences or pairs)."""
         ...
 
-    #: rows that must stay together when a batch is split (2 for DPO's chosen/rejected pairs).
-    group_size: int
+    @property
+    def group_size(self) -> int:
+        """Rows that must stay together when a batch is split (2 for DPO's chosen/rejected pairs)."""
+        ...
 
 
 @runtime_checkable
 class TrainingBackend(Protocol):
     """A group of policy workers over a Hugging Face checkpoint."""
 
-    def train(self, batch: Batch, loss_fn: LossFunction) -> dict[str, float]:
-        """One or more optimizer steps (one per ``policy.train_global_batch_size`` rows); returns metrics."""
+    def train(self, batch: TokenBatchT, loss_fn: LossFunction[TokenBatchT]) -> dict[str, float]:
+        """One or more optimizer steps (one per ``policy.train_global_batch_size`` rows); returns metrics (the
+        loss's metrics summed over micro-batches and ranks, averaged over optimizer steps; ``grad_norm``, ``lr``).
+        ``batch`` is a ``TokenBatch`` plus what the loss reads (``PolicyGradientBatch``, ``PreferenceBatch``)."""
         ...
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """``[B, T]`` log-probabilities of ``batch["input_ids"]`` under the current policy."""
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` log-probabilities of ``batch["input_ids"]`` under the current policy (0 on padding and at
+        position 0)."""
         ...
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` log-probabilities under the frozen reference (initial) policy."""
         ...
 
@@ -114,14 +104,19 @@ class TrainingBackend(Protocol):
         """Write a Hugging Face folder (safetensors, config, tokenizer) loadable by ``from_pretrained``."""
         ...
 
-    def weights_for_refit(self, route: RefitRoute) -> Sequence[Any]:
-        """Handles to the full weights in Hugging Face naming, in the form ``route`` moves
-        (``rl_core.weights.RefitSender.publish`` makes each)."""
+    def weights_for_refit(self, route: RefitRoute) -> RefitPayload:
+        """The full weights in Hugging Face names as one payload: rank 0's ``RefitSender.publish(full, route)``
+        (every rank takes part in gathering them)."""
         ...
 
-    def offload(self) -> None: ...
+    def offload(self) -> None:
+        """Free device memory for a colocated engine: release the last refit (``RefitSender.release``), move
+        parameters and optimizer state to CPU. A no-op on CPU."""
+        ...
 
-    def onload(self) -> None: ...
+    def onload(self) -> None:
+        """Take the device memory back before training."""
+        ...
 
     def shutdown(self) -> None: ...
 
@@ -131,15 +126,23 @@ class RolloutEngine(Protocol):
     """Generation over one or more engine replicas."""
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Rollout]:
-        """``n`` rollouts per prompt, ordered by (prompt_index, sample_index)."""
+        """``n`` rollouts per prompt, ordered by (prompt_index, sample_index). Empty ``prompts``, an empty prompt
+        or one longer than the engine's context is an ``InputError``.
+
+        ``Rollout.logprobs`` are the log-probabilities of the sampled tokens under the engine's weights at
+        temperature 1 (the policy itself: logits not divided by the temperature, not renormalised after top-p /
+        top-k), so that they compare with the trainer's. ``finish_reason`` is ``"length"`` exactly when the
+        response used all of ``max_new_tokens`` without reaching a stop token or string."""
         ...
 
     def stream(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> AsyncIterator[Rollout]:
-        """The same rollouts, yielded as each one finishes."""
+        """The same rollouts as ``generate`` (same seed, same samples), yielded as each one finishes."""
         ...
 
-    def update_weights(self, handles: Sequence[Any]) -> RefitStats:
-        """Replace the engine's weights in place with those behind ``handles`` (any route's)."""
+    def update_weights(self, payload: RefitPayload) -> RefitStats:
+        """Replace the weights of every engine process in place with those behind ``payload`` (any route's; read it
+        with ``rl_core.refit.receive_weights``) and return what was loaded, with the received tensors' checksums
+        when the payload carries the sender's."""
         ...
 
     def weight_receivers(self) -> Sequence[str]:
@@ -157,12 +160,6 @@ class RolloutEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
-class WeightTransport(Protocol):
-    """Moves weights from a backend to an engine (``refit``), whatever the route."""
-
-    def refit(self, backend: TrainingBackend, engine: RolloutEngine) -> RefitStats: ...
-
-
 Reward = float | Mapping[str, float]
 
 
@@ -172,7 +169,7 @@ class RewardSource(Protocol):
 
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
-    ) -> list[Reward]: ...
+    ) -> Sequence[Reward]: ...
 
     def close(self) -> None: ...
 

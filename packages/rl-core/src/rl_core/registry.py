@@ -1,9 +1,10 @@
 """The plugin registry: discovery through entry points, typed records keyed by name, selection by priority.
 
 Plugins are modules named by entry points in the ``rl_core`` group. The core's own parts (``rl_core.builtin``)
-register through the same hooks. A plugin that fails to import is reported and skipped; it becomes an error only
-when the config selects something it would have provided. ``RL_CORE_DISABLE_PLUGINS=a,b`` blocks plugins by
-entry-point name.
+are one of them: rl-core declares the entry point ``core = "rl_core.builtin"`` and it is loaded like any other
+(always, and first). A plugin that fails to import is reported and skipped; it becomes an error only when the
+config selects something it would have provided. ``RL_CORE_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point
+name (the core cannot be blocked).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 import pluggy
@@ -27,8 +28,10 @@ from rl_core.specs import (
     RewardSourceSpec,
     RolloutEngineSpec,
     TrainingBackendSpec,
-    WeightTransportSpec,
 )
+
+if TYPE_CHECKING:
+    from rl_core.hookspecs import HookRelay
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +46,11 @@ KINDS: dict[str, tuple[str, type, str]] = {
     "reward_source": ("rl_reward_sources", RewardSourceSpec, "reward source"),
     "algorithm": ("rl_algorithms", AlgorithmSpec, "algorithm"),
     "logger": ("rl_loggers", LoggerSpec, "logger"),
-    "weight_transport": ("rl_weight_transports", WeightTransportSpec, "weight transport"),
     "cli_command": ("rl_cli_commands", CliCommandSpec, "CLI command"),
 }
-Kind = Literal[
-    "training_backend", "rollout_engine", "reward_source", "algorithm", "logger", "weight_transport", "cli_command"
-]
+Kind = Literal["training_backend", "rollout_engine", "reward_source", "algorithm", "logger", "cli_command"]
+#: the kinds whose records have a priority and a config section (``ComponentSpec``).
+ComponentKind = Literal["training_backend", "rollout_engine", "reward_source", "algorithm", "logger"]
 
 #: First-party components and the plugin (entry-point name) and pip requirement that provide them. Used only to
 #: word errors when a component is missing; the core never imports these packages.
@@ -89,7 +91,7 @@ class PluginInfo:
 class Registered:
     """A record and the plugin that registered it."""
 
-    spec: Any
+    spec: ComponentSpec | CliCommandSpec
     plugin: str
 
 
@@ -97,7 +99,7 @@ class Registered:
 class Selection:
     """The component a config selects, and why."""
 
-    kind: str
+    kind: Kind
     chosen: ComponentSpec
     reason: str
     runners_up: tuple[ComponentSpec, ...] = ()
@@ -143,30 +145,34 @@ class Registry:
         disabled: Iterable[str] | None = None,
         extra: Sequence[tuple[str, object]] = (),
     ) -> Registry:
-        """Build the registry: the built-in parts, then every entry-point plugin not disabled, then ``extra``
-        (``(name, module_or_object)`` pairs, for tests)."""
-        from rl_core import builtin
-
+        """Build the registry: the core's own entry point, then (with ``entry_points``) every other plugin of the
+        ``rl_core`` group not disabled, then ``extra`` (``(name, module_or_object)`` pairs, for tests)."""
         reg = cls()
         blocked = disabled_from_env() if disabled is None else frozenset(disabled)
-        reg._add(BUILTIN, builtin, "rl-core", _core_version())
-        if entry_points:
-            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                dist, version = _dist_of(ep)
-                if ep.name in blocked:
-                    reg.plugins[ep.name] = PluginInfo(
-                        name=ep.name, distribution=dist, version=version, status="disabled"
-                    )
-                    continue
-                try:
-                    module = ep.load()
-                except Exception as exc:  # a broken plugin must not break the others
-                    log.warning("plugin %r (%s %s) failed to import and is skipped: %r", ep.name, dist, version, exc)
-                    reg.plugins[ep.name] = PluginInfo(
-                        name=ep.name, distribution=dist, version=version, status="failed", error=repr(exc)
-                    )
-                    continue
-                reg._add(ep.name, module, dist, version)
+        found = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        core = [ep for ep in found if ep.name == BUILTIN]
+        if not core:
+            raise PluginError(
+                f"rl-core's own entry point ({ENTRY_POINT_GROUP}: {BUILTIN}) is missing: the package metadata is "
+                "stale or broken; reinstall it: pip install --force-reinstall rl-core"
+            )
+        reg._add(BUILTIN, core[0].load(), *_dist_of(core[0]))
+        for ep in found if entry_points else []:
+            if ep.name == BUILTIN:
+                continue
+            dist, version = _dist_of(ep)
+            if ep.name in blocked:
+                reg.plugins[ep.name] = PluginInfo(name=ep.name, distribution=dist, version=version, status="disabled")
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must not break the others
+                log.warning("plugin %r (%s %s) failed to import and is skipped: %r", ep.name, dist, version, exc)
+                reg.plugins[ep.name] = PluginInfo(
+                    name=ep.name, distribution=dist, version=version, status="failed", error=repr(exc)
+                )
+                continue
+            reg._add(ep.name, module, dist, version)
         for name, module in extra:
             reg._add(name, module, name, "0")
         return reg
@@ -213,13 +219,41 @@ class Registry:
 
     # -- lookup ---------------------------------------------------------------------------------------------------
 
-    def specs(self, kind: Kind) -> dict[str, Any]:
+    @overload
+    def specs(self, kind: Literal["training_backend"]) -> dict[str, TrainingBackendSpec]: ...
+    @overload
+    def specs(self, kind: Literal["rollout_engine"]) -> dict[str, RolloutEngineSpec]: ...
+    @overload
+    def specs(self, kind: Literal["reward_source"]) -> dict[str, RewardSourceSpec]: ...
+    @overload
+    def specs(self, kind: Literal["algorithm"]) -> dict[str, AlgorithmSpec]: ...
+    @overload
+    def specs(self, kind: Literal["logger"]) -> dict[str, LoggerSpec]: ...
+    @overload
+    def specs(self, kind: Literal["cli_command"]) -> dict[str, CliCommandSpec]: ...
+    @overload
+    def specs(self, kind: ComponentKind) -> Mapping[str, ComponentSpec]: ...
+    @overload
+    def specs(self, kind: Kind) -> Mapping[str, ComponentSpec | CliCommandSpec]: ...
+    def specs(self, kind: Kind) -> Mapping[str, Any]:
         """Records of one kind, by name."""
         return {name: reg.spec for name, reg in self._components[kind].items()}
 
     def owner(self, kind: Kind, name: str) -> PluginInfo:
         return self.plugins[self._components[kind][name].plugin]
 
+    @overload
+    def get(self, kind: Literal["training_backend"], name: str) -> TrainingBackendSpec: ...
+    @overload
+    def get(self, kind: Literal["rollout_engine"], name: str) -> RolloutEngineSpec: ...
+    @overload
+    def get(self, kind: Literal["reward_source"], name: str) -> RewardSourceSpec: ...
+    @overload
+    def get(self, kind: Literal["algorithm"], name: str) -> AlgorithmSpec: ...
+    @overload
+    def get(self, kind: Literal["logger"], name: str) -> LoggerSpec: ...
+    @overload
+    def get(self, kind: ComponentKind, name: str) -> ComponentSpec: ...
     def get(self, kind: Kind, name: str) -> Any:
         """The record ``name`` of ``kind``, or a PluginError saying why it is not there and what to install."""
         found = self._components[kind].get(name)
@@ -246,23 +280,26 @@ class Registry:
         hint = f" Install it: pip install '{package}'." if package else ""
         return f"no {words} named {name!r} is installed (available: {available}).{hint}"
 
-    def section_classes(self) -> dict[str, tuple[str, ComponentSpec]]:
-        """Config sections contributed by registered components: ``config_key -> (kind, spec)``."""
-        out: dict[str, tuple[str, ComponentSpec]] = {}
-        for kind in ("training_backend", "rollout_engine", "algorithm"):
+    def section_classes(self) -> dict[str, type]:
+        """Config sections contributed by registered components: ``config_key -> config_class``."""
+        out: dict[str, type] = {}
+        kinds: tuple[Kind, ...] = ("training_backend", "rollout_engine", "algorithm")
+        for kind in kinds:
             for reg in self._components[kind].values():
                 spec = reg.spec
-                if spec.config_key and spec.config_class is not None:
-                    out[spec.config_key] = (kind, spec)
+                if isinstance(spec, ComponentSpec) and spec.config_key and spec.config_class is not None:
+                    out[spec.config_key] = spec.config_class
         return out
 
     # -- selection ------------------------------------------------------------------------------------------------
 
-    def select(self, kind: Kind, *, explicit: str | None, enabled: Mapping[str, bool], selector_key: str) -> Selection:
+    def select(
+        self, kind: ComponentKind, *, explicit: str | None, enabled: Mapping[str, bool], selector_key: str
+    ) -> Selection:
         """Pick a component: ``explicit`` (a name from ``selector_key``) wins; else the highest priority among
         the enabled ones (``enabled`` maps names to whether their config section enables them)."""
         words = KINDS[kind][2]
-        specs = self.specs(kind)
+        specs: Mapping[str, ComponentSpec] = self.specs(kind)
         on = sorted((specs[n] for n, flag in enabled.items() if flag and n in specs), key=lambda s: -s.priority)
         if explicit:
             chosen = self.get(kind, explicit)
@@ -287,11 +324,7 @@ class Registry:
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     @property
-    def hook(self) -> Any:
-        return self.pm.hook
-
-
-def _core_version() -> str:
-    from rl_core.__about__ import __version__
-
-    return __version__
+    def hook(self) -> HookRelay:
+        """The lifecycle hooks, typed (``rl_core.hookspecs.HookRelay``)."""
+        hooks: HookRelay = self.pm.hook
+        return hooks

@@ -16,6 +16,17 @@ from rl_core.errors import InputError
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+def check_reward_inputs(
+    prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+) -> None:
+    """An ``InputError`` unless prompts, responses and metadata are parallel lists (one entry per sample)."""
+    if not len(prompts) == len(responses) == len(metadata):
+        raise InputError(
+            f"prompts ({len(prompts)}), responses ({len(responses)}) and metadata ({len(metadata)}) must have the same "
+            "length: one entry per sample"
+        )
+
+
 def _answers(metadata: Sequence[Mapping[str, Any]], key: str) -> list[str]:
     try:
         return [str(m[key]) for m in metadata]
@@ -39,6 +50,7 @@ class ExactMatch:
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> list[float]:
+        check_reward_inputs(prompts, responses, metadata)
         answers = _answers(metadata, self.cfg.answer_key)
         norm = (lambda s: s.strip()) if self.cfg.strip else (lambda s: s)
         return [float(norm(r) == norm(a)) for r, a in zip(responses, answers, strict=True)]
@@ -65,6 +77,7 @@ class NumberMatch:
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> list[float]:
+        check_reward_inputs(prompts, responses, metadata)
         out = []
         for response, answer in zip(responses, _answers(metadata, self.cfg.answer_key), strict=True):
             found = _NUMBER.search(response)
@@ -102,6 +115,7 @@ class RegexFormat:
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> list[float]:
+        check_reward_inputs(prompts, responses, metadata)
         rx = re.compile(self.cfg.pattern)
         match = rx.fullmatch if self.cfg.mode == "fullmatch" else rx.search
         return [float(match(r.strip() if self.cfg.mode == "fullmatch" else r) is not None) for r in responses]

@@ -8,9 +8,17 @@ Each record names a component, says which config section enables it (``config_ke
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    import argparse
+
+    from rl_core.context import RunContext
+    from rl_core.protocols import MetricsLogger, RewardSource, RolloutEngine, TrainingBackend
+    from rl_core.schema import Config
 
 
 def _non_empty(_inst: object, attr: attrs.Attribute, value: str) -> None:
@@ -39,30 +47,38 @@ class TrainingBackendSpec(ComponentSpec):
     ``section`` is the validated instance of ``config_class`` found at ``config_key``.
     """
 
+    factory: Callable[[Config, Any], TrainingBackend]
+
 
 @attrs.frozen(kw_only=True)
 class RolloutEngineSpec(ComponentSpec):
     """A rollout (generation) engine. ``factory(config, section) -> RolloutEngine``."""
 
+    factory: Callable[[Config, Any], RolloutEngine]
+
 
 @attrs.frozen(kw_only=True)
 class RewardSourceSpec(ComponentSpec):
-    """A reward source. ``factory(options) -> RewardSource``, ``options`` an instance of ``config_class``.
+    """A reward source. ``factory(options) -> RewardSource``, ``options`` an instance of ``config_class`` (None
+    when the source takes no options).
 
     Reward sources are listed by name under ``reward.sources``; ``config_class`` validates the keys of one
     entry (besides ``name`` and ``weight``).
     """
 
+    factory: Callable[[Any], RewardSource]
+
 
 @attrs.frozen(kw_only=True)
 class AlgorithmSpec(ComponentSpec):
-    """An algorithm loop. ``factory(context) -> dict`` runs it (``context`` a ``rl_core.run.RunContext``) and
-    returns the final metrics.
+    """An algorithm loop. ``factory(context) -> dict`` runs it (``context`` a ``rl_core.context.RunContext``)
+    and returns the final metrics.
 
     ``config_key`` is the algorithm's own section (``grpo``, ``sft``, ...). ``uses_rollout`` says whether the
     loop needs a rollout engine and reward sources.
     """
 
+    factory: Callable[[RunContext], dict[str, float]]
     uses_rollout: bool = True
 
 
@@ -70,18 +86,7 @@ class AlgorithmSpec(ComponentSpec):
 class LoggerSpec(ComponentSpec):
     """A metrics logger. ``factory(config, run_dir) -> MetricsLogger``; enabled by ``logger.<name>_enabled``."""
 
-
-@attrs.frozen(kw_only=True)
-class WeightTransportSpec(ComponentSpec):
-    """How weights move from a training backend to a rollout engine.
-
-    ``supports(backend_name, engine_name, device, colocated) -> bool`` says whether this transport serves that
-    pair on that device (``"cpu"`` or ``"cuda"``), with the engine on the trainer's devices or not; the registry
-    picks the highest priority one that does, unless ``policy.generation.weight_transport`` names one.
-    ``factory() -> WeightTransport``.
-    """
-
-    supports: Callable[[str, str, str, bool], bool] = lambda _backend, _engine, _device, _colocated: True
+    factory: Callable[[Config, Path], MetricsLogger]
 
 
 @attrs.frozen(kw_only=True)
@@ -90,5 +95,5 @@ class CliCommandSpec:
 
     name: str = attrs.field(validator=_non_empty)
     help: str
-    configure: Callable[[Any], None]
-    run: Callable[[Any], int]
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.batch import Batch, pad_rows
+from rl_core.batch import PreferenceBatch, TokenBatch, TokenBatchT, pad_rows
+from rl_core.context import RunContext
 from rl_core.data import Example
 from rl_core.errors import InputError
 from rl_core.protocols import LossFunction
-from rl_core.run import RunContext
 
 
 def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[list[int], list[int]]:
@@ -27,7 +27,7 @@ def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[l
     return prompt_ids, response_ids
 
 
-def _encode(ctx: RunContext, pieces: Sequence[tuple[list[int], list[int]]]) -> Batch:
+def _encode(ctx: RunContext, pieces: Sequence[tuple[list[int], list[int]]]) -> PreferenceBatch:
     import torch
 
     limit = ctx.config.policy.max_total_sequence_length
@@ -46,11 +46,11 @@ def _encode(ctx: RunContext, pieces: Sequence[tuple[list[int], list[int]]]) -> B
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
-def encode_sft(ctx: RunContext, examples: Sequence[Example], response_key: str) -> Batch:
+def encode_sft(ctx: RunContext, examples: Sequence[Example], response_key: str) -> TokenBatch:
     return _encode(ctx, [_prompt_response_ids(ctx, ex, ex.get(response_key)) for ex in examples])
 
 
-def encode_pairs(ctx: RunContext, examples: Sequence[Example]) -> Batch:
+def encode_pairs(ctx: RunContext, examples: Sequence[Example]) -> PreferenceBatch:
     """Chosen and rejected rows interleaved: rows 2i and 2i+1 are pair i."""
     pieces = []
     for ex in examples:
@@ -61,7 +61,7 @@ def encode_pairs(ctx: RunContext, examples: Sequence[Example]) -> Batch:
     return _encode(ctx, pieces)
 
 
-def validation_loss(ctx: RunContext, batch: Batch, loss_fn: LossFunction) -> dict[str, float]:
+def validation_loss(ctx: RunContext, batch: TokenBatchT, loss_fn: LossFunction[TokenBatchT]) -> dict[str, float]:
     """The loss (and its metrics) over ``batch`` from the backend's logprobs, with no update."""
     logprobs = ctx.backend.logprobs(batch)
     _loss, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))

@@ -2,22 +2,20 @@
 
 Nothing is downloaded: the tokenizer is trained with ``tokenizers`` on a small built-in corpus, the model is
 initialised from a seed, and both are saved with ``save_pretrained`` into a cache folder (built once, atomically,
-and reused). ``model_name: tiny:qwen2-tiny`` in a config resolves here.
+and reused). ``model_name: tiny:qwen2-tiny`` in a config resolves here (``rl_core.models``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rl_core.errors import InputError
-
-SCHEME = "tiny:"
+from rl_core.paths import cache_root
 
 _TINY = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 _SMALL = dict(
@@ -38,11 +36,6 @@ TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
 _VERSION = "4"
-
-
-def cache_root() -> Path:
-    """``RL_CORE_CACHE``, else ``~/.cache/rl_core``."""
-    return Path(os.environ.get("RL_CORE_CACHE", Path.home() / ".cache" / "rl_core"))
 
 
 def _corpus() -> list[str]:
@@ -153,10 +146,3 @@ def ensure_tiny_model(name: str, seed: int = 0, root: Path | None = None) -> Pat
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-
-
-def resolve_model_path(model_name: str) -> str:
-    """``tiny:NAME`` -> the cached folder (built if needed); anything else is returned unchanged."""
-    if model_name.startswith(SCHEME):
-        return str(ensure_tiny_model(model_name[len(SCHEME) :]))
-    return model_name

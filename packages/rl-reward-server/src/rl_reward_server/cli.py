@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.errors import ConfigError, RLCoreError
+from rl_core.api import ConfigError, RLCoreError
 
 TOKEN_ENV = "RL_REWARD_SERVER_TOKEN"
 
@@ -39,7 +39,7 @@ def parse_scorer(text: str, registry: Any) -> tuple[str, Any]:
     """``name:key=value,key=value`` -> (name, reward source built with those options)."""
     import yaml
 
-    from rl_core.config import structure_section
+    from rl_core.api import structure_section
 
     name, _, rest = text.partition(":")
     spec = registry.specs("reward_source").get(name)
@@ -59,7 +59,7 @@ def parse_scorer(text: str, registry: Any) -> tuple[str, Any]:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from rl_core.registry import Registry
+    from rl_core.api import Registry
     from rl_reward_server.server import ServerSettings, create_app
 
     registry = Registry.discover()

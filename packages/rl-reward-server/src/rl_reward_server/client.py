@@ -16,19 +16,7 @@ from typing import Any
 
 import attrs
 
-from rl_core.errors import InputError, RLCoreError
-
-
-def _check_microbatching(inst: RemoteConfig, _attr: Any, _value: Any) -> None:
-    given = inst.inference_micro_batch_size and inst.replicas and inst.rollout_micro_batch_size
-    if given and inst.inference_micro_batch_size * inst.replicas > inst.rollout_micro_batch_size:
-        raise ValueError(
-            f"inference_micro_batch_size x replicas ({inst.inference_micro_batch_size} x {inst.replicas} = "
-            f"{inst.inference_micro_batch_size * inst.replicas}) must be <= rollout_micro_batch_size "
-            f"({inst.rollout_micro_batch_size}): each rollout micro-batch is split across the reward model's "
-            "data-parallel replicas, so a smaller one leaves replicas idle or with partial micro-batches. "
-            "Lower inference_micro_batch_size or replicas, or raise rollout_micro_batch_size"
-        )
+from rl_core.api import InputError, RLCoreError
 
 
 @attrs.frozen(kw_only=True)
@@ -47,10 +35,6 @@ class RemoteConfig:
     max_backoff_s: float = 5.0
     #: environment variable holding the bearer token, if the server wants one.
     token_env: str = "RL_REWARD_SERVER_TOKEN"
-    # The seed's constraint, checked when all three are given (they describe the server's reward model).
-    inference_micro_batch_size: int | None = None
-    replicas: int | None = None
-    rollout_micro_batch_size: int | None = attrs.field(default=None, validator=_check_microbatching)
 
     def __attrs_post_init__(self) -> None:
         if not self.url and not self.urls:
@@ -131,6 +115,18 @@ class RemoteRewardSource:
         raise RewardServerError(
             f"could not score {len(prompts)} samples after {self.cfg.max_retries + 1} attempts; last error: {last_error}"
         )
+
+    def micro_batching(self) -> tuple[int, int] | None:
+        """How the first server splits a request for this scorer (inference_micro_batch_size, replicas), as it
+        reports on ``GET /v1/scorers``; None when it does not split, or cannot be asked."""
+        import httpx
+
+        try:
+            reply = httpx.get(f"{self.cfg.servers[0]}/v1/scorers", headers=self.headers, timeout=self.cfg.timeout_s)
+            shape = reply.json().get("micro_batching", {}).get(self.cfg.scorer)
+        except (httpx.HTTPError, ValueError):
+            return None
+        return (int(shape[0]), int(shape[1])) if shape else None
 
     def close(self) -> None:
         return None

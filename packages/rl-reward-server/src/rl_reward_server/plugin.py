@@ -6,25 +6,25 @@ in-process or hosted by the server), and the ``rl-core reward-server`` subcomman
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from rl_core.hookspecs import hookimpl
-from rl_core.specs import CliCommandSpec, RewardSourceSpec
+from rl_core.api import CliCommandSpec, RewardSource, RewardSourceSpec, hookimpl
 
 
-def _remote(options: Any) -> Any:
+def _remote(options: Any) -> RewardSource:
     from rl_reward_server.client import RemoteRewardSource
 
     return RemoteRewardSource(options)
 
 
-def _math_verify(options: Any) -> Any:
+def _math_verify(options: Any) -> RewardSource:
     from rl_reward_server.scorers import MathVerifyConfig, MathVerifyScorer
 
     return MathVerifyScorer(cfg=options or MathVerifyConfig())
 
 
-def _reward_model(options: Any) -> Any:
+def _reward_model(options: Any) -> RewardSource:
     from rl_reward_server.scorers import RewardModelScorer
 
     return RewardModelScorer(options)
@@ -60,14 +60,14 @@ def rl_reward_sources() -> list[RewardSourceSpec]:
     ]
 
 
-def _configure(parser: Any) -> None:
+def _configure(parser: argparse.ArgumentParser) -> None:
     from rl_reward_server.cli import add_serve_arguments
 
     sub = parser.add_subparsers(dest="reward_server_command", required=True)
     add_serve_arguments(sub.add_parser("serve", help="start the reward server"))
 
 
-def _run(args: Any) -> int:
+def _run(args: argparse.Namespace) -> int:
     from rl_reward_server.cli import serve
 
     return serve(args)

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from rl_core.errors import InputError
+from rl_core.api import InputError, check_reward_inputs
 
 
 @attrs.frozen(kw_only=True)
@@ -32,6 +32,7 @@ class MathVerifyScorer:
     ) -> list[float]:
         from math_verify import parse, verify
 
+        check_reward_inputs(prompts, responses, metadata)
         timeout = self.cfg.timeout_seconds if threading.current_thread() is threading.main_thread() else None
         out = []
         for response, meta in zip(responses, metadata, strict=True):
@@ -95,11 +96,16 @@ class RewardModelScorer:
         finally:
             self.free.put(model)
 
+    def micro_batching(self) -> tuple[int, int]:
+        """(inference_micro_batch_size, replicas): the run checks them against its rollout_micro_batch_size."""
+        return self.cfg.inference_micro_batch_size, self.cfg.replicas
+
     def score(
         self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> list[float]:
         from concurrent.futures import ThreadPoolExecutor
 
+        check_reward_inputs(prompts, responses, metadata)
         texts = [p + self.cfg.separator + r for p, r in zip(prompts, responses, strict=True)]
         step = self.cfg.inference_micro_batch_size
         chunks = [texts[i : i + step] for i in range(0, len(texts), step)]

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rl_core.protocols import RewardSource
+from rl_core.api import InputError, RewardSource
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,10 @@ def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | N
         return {"ready": all(b.task is not None for b in batchers.values()), "scorers": sorted(batchers)}
 
     @app.get("/v1/scorers")
-    async def list_scorers() -> dict[str, list[str]]:
-        return {"scorers": sorted(batchers)}
+    async def list_scorers() -> dict[str, Any]:
+        """The hosted scorers, and how each splits a request (inference_micro_batch_size, replicas), if it does."""
+        shapes = {name: getattr(b.scorer, "micro_batching", lambda: None)() for name, b in batchers.items()}
+        return {"scorers": sorted(batchers), "micro_batching": {k: list(v) for k, v in shapes.items() if v}}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -235,7 +237,7 @@ def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | N
         except Exception as exc:
             log.exception("scorer %s failed", req.scorer)
             metrics.requests.labels(req.scorer, "error").inc()
-            status = 422 if type(exc).__name__ == "InputError" else 500
+            status = 422 if isinstance(exc, InputError) else 500
             return _error(status, f"scorer {req.scorer!r} failed: {type(exc).__name__}: {exc}")
         metrics.requests.labels(req.scorer, "ok").inc()
         metrics.samples.labels(req.scorer).inc(len(rewards))

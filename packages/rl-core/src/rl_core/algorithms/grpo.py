@@ -23,34 +23,31 @@ from typing import Any
 import attrs
 
 from rl_core import advantages as adv
+from rl_core.context import Phases, RunContext
 from rl_core.data import EpochSampler
-from rl_core.loops import (
+from rl_core.health import logprob_mismatch, mismatch_due
+from rl_core.loops import prefixed, run_loop
+from rl_core.losses import ClippedPGLoss
+from rl_core.rollouts import (
     ScoredRollouts,
     generate_and_score,
-    prefixed,
     refit,
     rollout_batch,
     rollout_metrics,
-    run_loop,
     sampling,
     validate_rollouts,
 )
-from rl_core.losses import ClippedPGLoss
-from rl_core.run import Phases, RunContext
+from rl_core.schema import RolloutLoopConfig
 
 _pos = attrs.validators.gt(0)
 
 
 @attrs.frozen(kw_only=True)
-class GRPOConfig:
-    num_prompts_per_step: int = attrs.field(default=8, validator=_pos)
-    num_generations_per_prompt: int = attrs.field(default=8, validator=_pos)
-    max_num_steps: int = attrs.field(default=20, validator=_pos)
+class GRPOConfig(RolloutLoopConfig):
+    """``grpo``: the shared rollout-loop knobs, group normalisation and DAPO's options."""
+
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = False
-    val_period: int = attrs.field(default=5, validator=_pos)
-    val_at_start: bool = True
-    max_val_samples: int = attrs.field(default=64, validator=_pos)
     dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = attrs.field(default=4, validator=_pos)
     overlong_filtering: bool = False
@@ -104,9 +101,14 @@ def grpo_step(
     batch["sample_mask"] = valid.view(-1).float()  # [B]
     lcfg = ctx.config.loss_fn
     several_updates = ctx.config.policy.train_global_batch_size < P * G
-    if not lcfg.disable_ppo_ratio and (several_updates or lcfg.use_importance_sampling_correction):
+    need_prev = not lcfg.disable_ppo_ratio and (several_updates or lcfg.use_importance_sampling_correction)
+    health: dict[str, float] = {}
+    if need_prev or mismatch_due(ctx, step):
         with phases("logprobs"):
-            batch["prev_logprobs"] = ctx.backend.logprobs(batch)
+            current = ctx.backend.logprobs(batch)
+        health = logprob_mismatch(ctx, batch["generation_logprobs"], current, batch["loss_mask"])
+        if need_prev:
+            batch["prev_logprobs"] = current
     if lcfg.reference_policy_kl_penalty > 0:
         with phases("reference_logprobs"):
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
@@ -119,6 +121,7 @@ def grpo_step(
         "reward_shaped": float(rewards.mean()),
         "prompts": float(P),
         **prefixed("train", train_metrics),
+        **health,
         "refit/bytes": float(refit_stats.num_bytes),
         "refit/seconds": refit_stats.seconds,
         **phases.metrics(),
@@ -129,7 +132,7 @@ def grpo_step(
 def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any, phases: Phases) -> ScoredRollouts:
     """Scored rollouts for one step; with dynamic sampling, only groups whose rewards differ, drawing more
     prompts (up to the limit) until ``num_prompts_per_step`` groups are kept."""
-    scored = generate_and_score(ctx, sampler.next(), params, phases)
+    scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     if not cfg.dynamic_sampling:
         return scored
     G = params.n
@@ -146,7 +149,7 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
                 kept_rewards += group
         if len(kept_examples) >= cfg.num_prompts_per_step:
             break
-        scored = generate_and_score(ctx, sampler.next(), params, phases)
+        scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     if not kept_examples:  # every group was uniform: train on the last draw (its advantages are all zero)
         return scored
     metrics = {**scored.metrics, "dynamic_sampling/kept_groups": float(len(kept_examples))}

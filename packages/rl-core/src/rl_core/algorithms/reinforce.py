@@ -1,16 +1,19 @@
 """REINFORCE with a leave-one-out (RLOO) baseline and a KL penalty to the initial policy, in the style of
 NeMo-Aligner's REINFORCE tutorial.
 
-One step: ``num_prompts_per_step`` prompts x ``num_rollout_samples`` responses; the reward of each is the reward
+One step: ``num_prompts_per_step`` prompts x ``num_generations_per_prompt`` responses; the reward of each is the reward
 sources' total minus ``initial_policy_kl_penalty * sum_t (log pi(x_t) - log pi_init(x_t))``; the advantage is the
 reward minus the mean reward of the *other* samples of the same prompt (no std normalisation); the loss is plain
 REINFORCE ``-A * log pi`` (no ratio, no clipping), averaged over tokens.
 
-Key names mapped from the tutorial: ``model.reinforce.num_rollout_samples`` -> ``reinforce.num_rollout_samples``,
-``trainer.reinforce.max_steps`` -> ``reinforce.max_steps``, ``trainer.reinforce.val_check_interval`` ->
-``reinforce.val_check_interval``, ``model.reinforce.initial_policy_kl_penalty`` ->
-``reinforce.initial_policy_kl_penalty``, ``model.global_batch_size`` -> ``policy.train_global_batch_size``,
-``model.reinforce.rollout_micro_batch_size`` -> ``reinforce.rollout_micro_batch_size``,
+The section shares GRPO's vocabulary (``rl_core.schema.RolloutLoopConfig``); the tutorial's names are accepted as
+aliases. Key names mapped from the tutorial: ``model.reinforce.num_rollout_samples`` -> ``reinforce.
+num_rollout_samples`` (alias of ``num_generations_per_prompt``), ``trainer.reinforce.max_steps`` -> ``reinforce.
+max_steps`` (alias of ``max_num_steps``), ``trainer.reinforce.val_check_interval`` -> ``reinforce.
+val_check_interval`` (alias of ``val_period``), ``model.reinforce.initial_policy_kl_penalty`` -> ``reinforce.
+initial_policy_kl_penalty``, ``model.global_batch_size`` -> ``policy.train_global_batch_size``,
+``model.reinforce.rollout_micro_batch_size`` -> ``reinforce.rollout_micro_batch_size`` (rollouts per reward
+request; the reward model's ``inference_micro_batch_size`` x its replicas must not exceed it),
 ``model.forward_micro_batch_size`` -> ``policy.logprob_batch_size``, ``model.encoder_seq_length`` (``max_length``)
 -> ``policy.max_total_sequence_length``.
 """
@@ -22,35 +25,29 @@ import time
 import attrs
 
 from rl_core import advantages as adv
-from rl_core.config import LossConfig
+from rl_core.context import Phases, RunContext
 from rl_core.data import EpochSampler
-from rl_core.loops import (
+from rl_core.health import logprob_mismatch
+from rl_core.loops import prefixed, run_loop
+from rl_core.losses import ClippedPGLoss
+from rl_core.rollouts import (
     generate_and_score,
-    prefixed,
     refit,
     rollout_batch,
     rollout_metrics,
-    run_loop,
     sampling,
     validate_rollouts,
 )
-from rl_core.losses import ClippedPGLoss
-from rl_core.run import Phases, RunContext
-
-_pos = attrs.validators.gt(0)
+from rl_core.schema import LossConfig, RolloutLoopConfig
 
 
 @attrs.frozen(kw_only=True)
-class ReinforceConfig:
-    num_prompts_per_step: int = attrs.field(default=8, validator=_pos)
-    num_rollout_samples: int = attrs.field(default=4, validator=attrs.validators.ge(2))
-    max_steps: int = attrs.field(default=20, validator=_pos)
+class ReinforceConfig(RolloutLoopConfig):
+    """``reinforce``: the shared rollout-loop knobs (NeMo-Aligner's names as aliases) and the KL penalty to the
+    initial policy folded into the reward."""
+
+    num_generations_per_prompt: int = attrs.field(default=4, validator=attrs.validators.ge(2))
     initial_policy_kl_penalty: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
-    val_check_interval: int = attrs.field(default=5, validator=_pos)
-    val_at_start: bool = True
-    max_val_samples: int = attrs.field(default=64, validator=_pos)
-    #: rollouts scored per reward request (the reward server checks its micro-batching against it).
-    rollout_micro_batch_size: int | None = None
 
 
 #: the loss REINFORCE uses: -A * log pi per token, no ratio and no KL term (the KL is in the reward).
@@ -63,10 +60,10 @@ def run(ctx: RunContext) -> dict[str, float]:
     return run_loop(
         ctx,
         rows_per_step=cfg.num_prompts_per_step,
-        total_steps=cfg.max_steps,
+        total_steps=cfg.max_num_steps,
         step_fn=lambda sampler, step: reinforce_step(ctx, cfg, sampler, loss_fn, step),
         validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
-        val_period=cfg.val_check_interval,
+        val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
         max_val_samples=cfg.max_val_samples,
     )
@@ -79,12 +76,14 @@ def reinforce_step(
 
     phases = Phases()
     start = time.perf_counter()
-    G = cfg.num_rollout_samples
-    scored = generate_and_score(ctx, sampler.next(), sampling(ctx, G, seed=ctx.config.seed * 100_003 + step), phases)
+    G = cfg.num_generations_per_prompt
+    params = sampling(ctx, G, seed=ctx.config.seed * 100_003 + step)
+    scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     gen_seconds = time.perf_counter() - start
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     with phases("logprobs"):
         logprobs = ctx.backend.logprobs(batch)
+    health = logprob_mismatch(ctx, batch["generation_logprobs"], logprobs, batch["loss_mask"])
     with phases("reference_logprobs"):
         reference = ctx.backend.reference_logprobs(batch)
     raw = torch.tensor(scored.rewards, dtype=torch.float32)  # [P*G]
@@ -104,6 +103,7 @@ def reinforce_step(
         "reward_with_kl": float(rewards.mean()),
         "train/kl": float(kl),
         **prefixed("train", train_metrics),
+        **health,
         "refit/bytes": float(refit_stats.num_bytes),
         "refit/seconds": refit_stats.seconds,
         **phases.metrics(),

@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core.batch import Batch, pad_rows
+from rl_core.batch import TokenBatch, pad_rows
 from rl_core.errors import InputError
-from rl_core.protocols import RefitRoute, RewardSource, RolloutEngine, SamplingParams, TrainingBackend
+from rl_core.protocols import RewardSource, RolloutEngine, SamplingParams, TrainingBackend
+from rl_core.refit import RefitRoute, receive_weights
 
 PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "the answer is"]
 
 
-def sample_batch(tokenizer: Any, prompts: Sequence[str] = PROMPTS, response: str = " 7 and 8") -> Batch:
+def sample_batch(tokenizer: Any, prompts: Sequence[str] = PROMPTS, response: str = " 7 and 8") -> TokenBatch:
     """Prompt + response rows, right-padded, with the loss on the response."""
     import torch
 
@@ -34,7 +35,7 @@ def sample_batch(tokenizer: Any, prompts: Sequence[str] = PROMPTS, response: str
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
-def hf_logprobs(model_path: str | Path, batch: Batch) -> Any:
+def hf_logprobs(model_path: str | Path, batch: TokenBatch) -> Any:
     """``[B, T]`` logprobs of ``batch`` under a plain Hugging Face forward pass (fp32), zero on padding: the
     reference every training backend is compared with."""
     import torch
@@ -74,7 +75,8 @@ def check_training_backend(backend: TrainingBackend, tokenizer: Any, tmp_path: P
     backend.export_hf(tmp_path / "hf")
     hf = hf_logprobs(tmp_path / "hf", batch)
     assert torch.allclose(hf, before, atol=1e-4), "export_hf must give a model with the same logprobs"
-    assert list(backend.weights_for_refit(RefitRoute())), "weights_for_refit must return at least one handle"
+    payload = backend.weights_for_refit(RefitRoute(kind="object_store"))
+    assert dict(receive_weights(payload)), "weights_for_refit must return a payload holding the weights"
 
 
 def check_rollout_engine(engine: RolloutEngine, tokenizer: Any) -> None:
@@ -119,4 +121,5 @@ def check_reward_source(
     reversed_rewards = source.score(prompts[::-1], responses[::-1], metadata[::-1])
     assert list(reversed_rewards) == list(rewards)[::-1], "rewards must follow the order of the inputs"
     if expected is not None:
-        assert [float(r) for r in rewards] == [float(e) for e in expected], f"{rewards} != {expected}"
+        totals = [sum(r.values()) if isinstance(r, Mapping) else float(r) for r in rewards]
+        assert totals == [float(e) for e in expected], f"{rewards} != {expected}"

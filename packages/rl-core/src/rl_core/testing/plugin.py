@@ -63,10 +63,10 @@ def ray_session() -> Iterator[None]:
     import ray
 
     from rl_core.cluster import init_ray
-    from rl_core.config import ClusterConfig
+    from rl_core.schema import ClusterConfig
 
     started = not ray.is_initialized()
-    init_ray(ClusterConfig())
+    init_ray(ClusterConfig(), verbose=False)
     yield
     if started:
         ray.shutdown()

@@ -1,0 +1,31 @@
+"""``policy.dtensor_cfg``: the DTensor backend's config section (light: attrs only)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class DTensorConfig:
+    """``policy.dtensor_cfg``: the FSDP2 (DTensor) training backend."""
+
+    enabled: bool = True
+    #: recompute activations in the backward pass (less memory, more compute).
+    activation_checkpointing: bool = False
+    #: pack each micro-batch's sequences into one row with per-document position ids (no padding).
+    sequence_packing: bool = False
+    #: bf16 compute (autocast; sharded, also bf16 parameter all-gathers) with fp32 master weights and gradient
+    #: reduction.
+    mixed_precision: bool = False
+    #: micro-batches by token budget instead of a fixed row count.
+    dynamic_batching: bool = False
+    max_tokens_per_microbatch: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
+    #: FSDP2 CPU offload of parameters, gradients and optimizer state (useful on GPU).
+    cpu_offload: bool = False
+    #: torch threads per rank; unset, the machine's cores divided among the ranks.
+    threads_per_worker: int | None = None
+    #: compute token logprobs this many positions at a time (float32, recomputed in the backward), never holding
+    #: a float32 copy of the whole [rows, tokens, vocabulary] logits; unset, 1024 on GPU and whole rows on CPU.
+    logprob_chunk_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )

@@ -1,0 +1,136 @@
+"""The public API for plugin authors: the one module a plugin imports (``from rl_core.api import ...``).
+
+Everything here is light to import (no torch, Ray or transformers at import time), so an entry-point module can
+import it. What is not re-exported here is internal and may change between minor versions; tests use
+``rl_core.testing`` as well (fixtures, conformance checks, ``certify``).
+
+- Registration: ``hookimpl`` and the records a registration hook returns (``TrainingBackendSpec``, ...).
+- Contracts: the protocols a component implements and the records it exchanges with the core.
+- Batches: the ``batch`` helpers module and its ``TypedDict``s.
+- Weight refit: ``RefitSender`` (trainer side), ``receive_weights`` (engine side), the payload records.
+- Ray: ``WorkerGroup`` and the layouts that place a backend's ranks and an engine's replicas (colocated or not).
+- Config: the core's sections a plugin reads, and ``structure_section`` to validate options.
+- Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
+"""
+
+from __future__ import annotations
+
+from rl_core import batch
+from rl_core.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
+from rl_core.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
+from rl_core.config import structure_section
+from rl_core.driver import GroupBackend, GroupEngine, Sample
+from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
+from rl_core.hookspecs import hookimpl
+from rl_core.models import check_model_folder, resolve_model_path
+from rl_core.optim import lr_multiplier, make_optimizer, make_scheduler
+from rl_core.paths import cache_root
+from rl_core.placement import Device, GroupLayout, colocated, detected_device, engine_layout, policy_layout
+from rl_core.protocols import (
+    FinishReason,
+    LossFunction,
+    MetricsLogger,
+    Reward,
+    RewardSource,
+    Rollout,
+    RolloutEngine,
+    SamplingParams,
+    TrainingBackend,
+)
+from rl_core.refit import (
+    BroadcastWeights,
+    CudaIpcWeights,
+    FileWeights,
+    HostShmWeights,
+    ObjectStoreWeights,
+    RefitPayload,
+    RefitRoute,
+    RefitSender,
+    RefitStats,
+    RouteKind,
+    checksum,
+    receive_weights,
+    received_stats,
+    replicas_stats,
+)
+from rl_core.registry import Registry
+from rl_core.rewards import check_reward_inputs
+from rl_core.schema import Config, OptimizerConfig, PolicyConfig, SchedulerConfig
+from rl_core.specs import (
+    AlgorithmSpec,
+    CliCommandSpec,
+    ComponentSpec,
+    LoggerSpec,
+    RewardSourceSpec,
+    RolloutEngineSpec,
+    TrainingBackendSpec,
+)
+
+__all__ = [
+    "AlgorithmSpec",
+    "Batch",
+    "BroadcastWeights",
+    "CliCommandSpec",
+    "ComponentSpec",
+    "Config",
+    "ConfigError",
+    "CudaIpcWeights",
+    "Device",
+    "FileWeights",
+    "FinishReason",
+    "GroupBackend",
+    "GroupEngine",
+    "GroupLayout",
+    "HostShmWeights",
+    "InputError",
+    "LoggerSpec",
+    "LossFunction",
+    "MetricsLogger",
+    "ObjectStoreWeights",
+    "OptimizerConfig",
+    "PluginError",
+    "PolicyConfig",
+    "PolicyGradientBatch",
+    "PreferenceBatch",
+    "RLCoreError",
+    "RefitPayload",
+    "RefitRoute",
+    "RefitSender",
+    "RefitStats",
+    "Registry",
+    "Reward",
+    "RewardSource",
+    "RewardSourceSpec",
+    "Rollout",
+    "RolloutEngine",
+    "RolloutEngineSpec",
+    "RouteKind",
+    "Sample",
+    "SamplingParams",
+    "SchedulerConfig",
+    "TokenBatch",
+    "TrainingBackend",
+    "TrainingBackendSpec",
+    "WorkerDiedError",
+    "WorkerGroup",
+    "batch",
+    "cache_root",
+    "check_model_folder",
+    "check_reward_inputs",
+    "checksum",
+    "colocated",
+    "detected_device",
+    "engine_layout",
+    "free_port",
+    "hookimpl",
+    "lr_multiplier",
+    "make_optimizer",
+    "make_scheduler",
+    "node_address",
+    "policy_layout",
+    "receive_weights",
+    "received_stats",
+    "replicas_stats",
+    "resolve_model_path",
+    "structure_section",
+]

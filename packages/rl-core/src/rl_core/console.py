@@ -1,0 +1,142 @@
+"""What a person sees of a run: a few lines of set-up, one live progress display on a terminal (step, ETA, reward,
+phase times, validation results) or one plain line per step when the output is not a terminal (never wrapped,
+so that grep and log files read it whole), and an end-of-run summary.
+
+Everything else (the workers' output, vLLM's and Ray's logs, Python warnings) goes to ``RUN_DIR/logs/`` unless
+``rl-core --verbose``; ``rl_core.cli`` sets that up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+#: metrics shown on the step line, with their labels, in this order.
+SHOWN = (
+    ("reward", "reward"),
+    ("val/reward", "val_reward"),
+    ("val/loss", "val_loss"),
+    ("train/loss", "loss"),
+    ("train/kl", "kl"),
+    ("health/logprob_mismatch", "mismatch"),
+    ("tokens_per_second", "tok/s"),
+)
+
+
+def metrics_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
+    """``step 3/20  reward 0.531  loss -0.0104  tok/s 812  generate 1.20s score 0.00s ...`` (plain text)."""
+    shown = []
+    for key, label in SHOWN:
+        if key in metrics:
+            value = metrics[key]
+            shown.append(f"{label} {value:.0f}" if key == "tokens_per_second" else f"{label} {value:.4g}")
+    times = " ".join(
+        f"{k.split('/', 1)[1]} {v:.2f}s" for k, v in metrics.items() if k.startswith("time/") and k != "time/step"
+    )
+    return "  ".join([f"step {step}/{total}", *shown, *([times] if times else [])])
+
+
+class RunConsole:
+    """The run's terminal output. ``live``: a rich progress display (a terminal and ``logger.progress``)."""
+
+    def __init__(self, console: Console | None = None, *, progress: bool = True, verbose: bool = False) -> None:
+        self.console = console or Console()
+        self.live = progress and self.console.is_terminal
+        #: third-party output (workers, vLLM, Ray) on the terminal too, not only in RUN_DIR/logs.
+        self.verbose = verbose
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what the summary counts (after a warm-up run, before the main one)."""
+        self.first_val: dict[str, float] = {}
+        self.last_val: dict[str, float] = {}
+        self.phase_seconds: dict[str, float] = {}
+        self.steps_run = 0
+        self.started = time.monotonic()
+
+    # -- lines ----------------------------------------------------------------------------------------------------
+
+    def _print(self, text: str, style: str | None = None) -> None:
+        self.console.print(escape(text), style=style, soft_wrap=True, highlight=False)
+
+    def info(self, text: str) -> None:
+        self._print(text)
+
+    def warn(self, text: str) -> None:
+        self._print(f"warning: {text}", style="bold yellow")
+
+    def section(self, title: str) -> None:
+        self._print(f"== {title}", style="bold")
+
+    # -- steps ----------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def steps(self, label: str, total: int, start: int) -> Iterator[None]:
+        """The live display for steps ``start+1 .. total`` (nothing when not live)."""
+        if not self.live:
+            yield
+            return
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[line]}"),
+            console=self.console,
+            transient=True,
+        )
+        self._progress, self._task = progress, progress.add_task(label, total=total, completed=start, line="")
+        with progress:
+            try:
+                yield
+            finally:
+                self._progress = self._task = None
+
+    def step(self, step: int, total: int, metrics: Mapping[str, float]) -> None:
+        """A step's metrics: one plain line (not live), or the live display's line (validation steps also print)."""
+        validation = {k: v for k, v in metrics.items() if k.startswith("val/")}
+        if validation:
+            self.first_val = self.first_val or dict(validation)
+            self.last_val = dict(validation)
+        for key, value in metrics.items():
+            if key.startswith("time/") and key != "time/step":
+                phase = key.removeprefix("time/")
+                self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
+        if step > 0:
+            self.steps_run += 1
+        line = metrics_line(step, total, metrics)
+        if self._progress is None or self._task is None:
+            self._print(line)
+            return
+        self._progress.update(self._task, completed=step, line=line.split("  ", 1)[-1])
+        if validation or step == 0:
+            self._print(line)
+
+    # -- the end ----------------------------------------------------------------------------------------------------
+
+    def summary(self, run_dir: Path, *, final: Path | None, checkpoints: Path | None) -> None:
+        """Before/after validation, time per phase, and where the run's outputs are."""
+        self.section(f"done in {time.monotonic() - self.started:.0f} s ({self.steps_run} steps)")
+        for key in sorted(self.last_val):
+            before = self.first_val.get(key)
+            after = self.last_val[key]
+            self._print(f"  {key}: {before:.4g} -> {after:.4g}" if before is not None else f"  {key}: {after:.4g}")
+        total = sum(self.phase_seconds.values())
+        if total > 0:
+            phases = ", ".join(f"{k} {v:.0f} s ({100 * v / total:.0f}%)" for k, v in self.phase_seconds.items())
+            self._print(f"  time: {phases}")
+        self._print(f"  metrics: {run_dir / 'metrics.jsonl'} (plot: rl-core plot {run_dir})")
+        if checkpoints is not None:
+            self._print(f"  checkpoints: {checkpoints}")
+        if final is not None:
+            self._print(f"  final model (Hugging Face): {final}")
+        self._print(f"  logs: {run_dir / 'logs'}")

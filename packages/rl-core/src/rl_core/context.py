@@ -1,0 +1,186 @@
+"""``RunContext``: everything an algorithm loop needs (config, components, checkpoints, loggers, the console), and
+the small pieces it uses every step (phase timing, scoring, logging, checkpoints, resume)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from rl_core.errors import InputError
+from rl_core.placement import Device
+
+if TYPE_CHECKING:
+    from rl_core.checkpoint import CheckpointManager
+    from rl_core.console import RunConsole
+    from rl_core.hookspecs import HookRelay
+    from rl_core.protocols import MetricsLogger, Reward, RewardSource, RolloutEngine, TrainingBackend
+    from rl_core.registry import Registry
+    from rl_core.schema import Config
+
+
+class Phases:
+    """Wall-clock time per phase of a step, reported as ``time/<phase>`` metrics."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.seconds.items()}
+
+
+@attrs.frozen(kw_only=True)
+class NamedRewardSource:
+    """A reward source as the config lists it: its name and weight in the total."""
+
+    name: str
+    weight: float
+    source: RewardSource
+
+
+@attrs.define
+class RunContext:
+    """Everything an algorithm loop needs, built by ``rl_core.run``."""
+
+    config: Config
+    registry: Registry
+    run_dir: Path
+    console: RunConsole
+    tokenizer: Any
+    device: Device
+    backend: TrainingBackend
+    engine: RolloutEngine | None
+    #: how the selection named the engine's plugin in messages (``'vllm' (rl-rollout-vllm[cpu])``).
+    engine_name: str
+    rewards: list[NamedRewardSource]
+    checkpoints: CheckpointManager
+    loggers: list[MetricsLogger]
+    #: the final metrics, once the algorithm returns.
+    metrics: dict[str, float] = attrs.Factory(dict)
+    #: whether a colocated engine has released its memory to the trainer.
+    engine_asleep: bool = False
+    #: refits so far in this process (the weight-sync check samples them).
+    refits: int = 0
+
+    @property
+    def hook(self) -> HookRelay:
+        return self.registry.hook
+
+    # -- rewards ----------------------------------------------------------------------------------------------------
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]],
+        chunk_size: int | None = None,
+    ) -> tuple[list[float], dict[str, float]]:
+        """Weighted sum of all reward sources per response, and the mean of each named part. With ``chunk_size``
+        (``rollout_micro_batch_size``) each source scores requests of that many responses, sent concurrently."""
+        total = [0.0] * len(responses)
+        parts: dict[str, float] = {}
+        n = len(responses)
+        size = chunk_size or max(n, 1)
+        spans = [(i, min(i + size, n)) for i in range(0, n, size)]
+        for named in self.rewards:
+            values = _score_spans(named, spans, prompts, responses, metadata)
+            for i, value in enumerate(values):
+                if isinstance(value, Mapping):
+                    for key, part in value.items():
+                        parts[f"reward/{named.name}/{key}"] = parts.get(f"reward/{named.name}/{key}", 0.0) + part / n
+                    value = sum(value.values())
+                total[i] += named.weight * float(value)
+            parts[f"reward/{named.name}"] = sum(
+                float(sum(v.values()) if isinstance(v, Mapping) else v) for v in values
+            ) / max(n, 1)
+        return total, parts
+
+    # -- steps, logging, checkpoints --------------------------------------------------------------------------------
+
+    def step(self, step: int, body: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Run one step through the ``rl_step`` hook (plugins may wrap it) and return its metrics."""
+        return self.hook.rl_step(step=step, algorithm=self.config.algorithm, run=body)
+
+    def log(self, step: int, metrics: Mapping[str, float], total_steps: int) -> None:
+        for logger in self.loggers:
+            logger.log(step, metrics)
+        self.console.step(step, total_steps, metrics)
+        self.hook.rl_step_end(step=step, metrics=dict(metrics))
+
+    def resume(self) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint of the run folder that reads back, if any; return its saved state."""
+        latest = self.checkpoints.latest(self.console.warn)
+        if latest is None:
+            return None
+        self.console.info(f"resuming from {latest.path} (step {latest.step})")
+        self.backend.load_checkpoint(latest.policy_dir)
+        restore_rng(latest.state.get("rng", {}))
+        for logger in self.loggers:  # e.g. metrics.jsonl drops the rows after the checkpoint's step
+            resume = getattr(logger, "resume", None)
+            if resume is not None:
+                resume(latest.step)
+        return dict(latest.state)
+
+    def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+        from rl_core.config import dump_yaml
+
+        if not self.config.checkpointing.enabled:
+            return
+        full = {**state, "step": step, "metrics": dict(metrics), "rng": capture_rng()}
+        path = self.checkpoints.save(step, full, self.backend.save_checkpoint, dump_yaml(self.config))
+        self.hook.rl_checkpoint_saved(step=step, path=path)
+
+    def due(self, step: int, period: int, last: int) -> bool:
+        """Whether a periodic action (validation, checkpoint) is due after ``step`` (1-based count)."""
+        return step % period == 0 or step == last
+
+
+def _score_spans(
+    named: NamedRewardSource,
+    spans: list[tuple[int, int]],
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    metadata: Sequence[Mapping[str, Any]],
+) -> list[Reward]:
+    def one(span: tuple[int, int]) -> list[Reward]:
+        a, b = span
+        values = list(named.source.score(prompts[a:b], responses[a:b], metadata[a:b]))
+        if len(values) != b - a:
+            raise InputError(f"reward source {named.name!r} returned {len(values)} rewards for {b - a} responses")
+        return values
+
+    if len(spans) == 1:
+        return one(spans[0])
+    with ThreadPoolExecutor(max_workers=min(len(spans), 8), thread_name_prefix=f"reward-{named.name}") as pool:
+        return [v for part in pool.map(one, spans) for v in part]
+
+
+def capture_rng() -> dict[str, Any]:
+    import torch
+
+    return {"python": repr(random.getstate()), "torch": torch.get_rng_state().tolist()}
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    import ast
+
+    import torch
+
+    if "python" in state:
+        random.setstate(ast.literal_eval(state["python"]))
+    if "torch" in state:
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))

@@ -1,0 +1,1 @@
+"""rl-core rollout engine on Hugging Face generate."""

@@ -1,0 +1,28 @@
+"""``policy.generation.vllm_cfg``: the vLLM engine's config section (light: attrs only)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class VllmConfig:
+    """``policy.generation.vllm_cfg``: the vLLM rollout engine."""
+
+    enabled: bool = True
+    tensor_parallel_size: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    #: fraction of GPU memory vLLM may take (GPU only).
+    gpu_memory_utilization: float = 0.5
+    #: KV-cache size in GiB on CPU (vLLM otherwise asks for most of the machine's memory).
+    kv_cache_gb: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    #: longest prompt + response; unset, ``policy.max_total_sequence_length``.
+    max_model_len: int | None = None
+    #: eager PyTorch instead of vLLM's compiled model (torch.compile; on CPU the first start of a model compiles for
+    #: ~25 s, later starts read the cache; decoding the tiny model is 1.4x faster compiled).
+    enforce_eager: bool = False
+    #: CPU threads of each engine replica; unset, the node's cores divided among the replicas (the async engine:
+    #: vLLM's own binding).
+    threads: int | None = None
+    #: vLLM's async engine (``AsyncLLM``: engine core in its own process, requests streamed as each ends); unset,
+    #: on with CUDA and off on CPU, where the async engine's core process would hold one core for its scheduler.
+    async_engine: bool | None = None

@@ -1,0 +1,122 @@
+"""The Hugging Face generate engine for real, against the real DTensor training backend: conformance, logprobs
+against the trainer's, stop strings and finish reasons, refit over every route the CPU offers."""
+
+import asyncio
+
+import pytest
+
+from rl_core.config import load_config
+from rl_core.losses import NLLLoss
+from rl_core.protocols import SamplingParams
+from rl_core.refit import RefitRoute
+from rl_core.rollouts import rollout_batch
+from rl_core.testing.conformance import check_rollout_engine
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 8 1 7", "the answer is"]
+
+
+@pytest.fixture(scope="module")
+def config(rl_registry, tiny_model_path, tmp_path_factory):
+    return load_config(
+        None,
+        [
+            f"run_dir={tmp_path_factory.mktemp('run')}",
+            "cluster.device=cpu",
+            f"policy.model_name={tiny_model_path}",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "policy.max_total_sequence_length=64",
+            "policy.optimizer.lr=1e-2",
+            "policy.generation.hf_cfg.max_batch_size=6",
+        ],
+        rl_registry,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(ray_session, config):
+    from rl_rollout_hf.engine import make_engine
+
+    eng = make_engine(config, config.section("policy.generation.hf_cfg"))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def backend(ray_session, config, engine):
+    from rl_backend_dtensor.backend import make_backend
+
+    be = make_backend(config, config.section("policy.dtensor_cfg"))
+    yield be
+    be.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def encode(tokenizer):
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+
+def max_gap(batch, trainer_logprobs) -> float:
+    mask = batch["loss_mask"].bool()
+    return float((batch["generation_logprobs"][mask] - trainer_logprobs[mask]).abs().max())
+
+
+def test_conformance(engine, tokenizer):
+    check_rollout_engine(engine, tokenizer)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0], ids=["t1", "t0.7", "greedy"])
+def test_logprobs_agree_with_the_trainer_at_any_temperature(engine, backend, tokenizer, temperature):
+    """The engine returns the policy's logprobs (raw logits) whatever the sampling temperature."""
+    rollouts = engine.generate(
+        encode(tokenizer), SamplingParams(n=3, max_new_tokens=12, temperature=temperature, seed=1)
+    )
+    batch = rollout_batch(rollouts, tokenizer.pad_token_id, 64)
+    assert batch["loss_mask"].sum() > 20
+    assert max_gap(batch, backend.logprobs(batch)) < 1e-5
+
+
+def test_stop_strings_and_finish_reasons(engine, tokenizer):
+    prompts = encode(tokenizer)
+    free = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=3))
+    assert all((r.finish_reason == "length") == (len(r.token_ids) == 10) for r in free)
+    # a stop string made of text the free run produced: every such rollout stops there, the string cut from its text
+    text = next(r.text for r in free if len(r.text.strip()) >= 2).strip()[:2]
+    stopped = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=3, stop_strings=(text,)))
+    for before, after in zip(free, stopped, strict=True):
+        if text in before.text:
+            assert after.finish_reason == "stop" and text not in after.text and before.text.startswith(after.text)
+            assert len(after.token_ids) <= len(before.token_ids) and len(after.logprobs) == len(after.token_ids)
+
+
+def test_stream_yields_what_generate_returns(engine, tokenizer):
+    params = SamplingParams(n=3, max_new_tokens=8, seed=7)
+
+    async def collect():
+        return [r async for r in engine.stream(encode(tokenizer), params)]
+
+    key = lambda r: (r.prompt_index, r.sample_index)  # noqa: E731
+    assert sorted(asyncio.run(collect()), key=key) == engine.generate(encode(tokenizer), params)
+
+
+@pytest.mark.parametrize("route", [None, "object_store", "broadcast"], ids=["auto", "object_store", "broadcast"])
+def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route):
+    rollouts = engine.generate(encode(tokenizer), SamplingParams(n=4, max_new_tokens=12, seed=2))
+    backend.train(rollout_batch(rollouts, tokenizer.pad_token_id, 64), NLLLoss())
+    payload = backend.weights_for_refit(RefitRoute(kind=route, receivers=tuple(engine.weight_receivers()), verify=True))
+    assert payload.kind == {None: "host_shm", "object_store": "object_store", "broadcast": "broadcast"}[route]
+    stats = engine.update_weights(payload)
+    assert stats.route == payload.kind and stats.checksums == pytest.approx(payload.checksums, rel=1e-9)
+    after = rollout_batch(
+        engine.generate(encode(tokenizer), SamplingParams(n=4, max_new_tokens=12, seed=3)), tokenizer.pad_token_id, 64
+    )
+    assert max_gap(after, backend.logprobs(after)) < 1e-5  # agrees with the updated weights
+    assert max_gap(after, backend.reference_logprobs(after)) > 1e-2  # and visibly not with the old ones
