@@ -2,8 +2,10 @@
 
 from pathlib import Path
 
+import backend_mutants
 import pytest
 import torch
+from backend_mutants import MUTANTS
 
 from rl_core import batch as B
 from rl_core.config import load_config
@@ -11,6 +13,7 @@ from rl_core.errors import InputError
 from rl_core.losses import ClippedPGLoss, NLLLoss
 from rl_core.refit import RefitRoute, receive_weights
 from rl_core.schema import LossConfig
+from rl_core.testing.certify import certify_backend
 from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -192,3 +195,37 @@ def test_dynamic_batching_and_mixed_precision(ray_session, rl_registry, tiny_mod
     assert all(torch.isfinite(w).all() for w in weights_bf16.values())
     mask = batch["attention_mask"].bool()
     assert float((logprobs_bf16 - runs["fixed"][1])[mask].abs().max()) < 0.1
+
+
+def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    runs = iter(range(100))
+    card = certify_backend(
+        lambda overrides: make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides),
+        tiny_model_path,
+        tokenizer,
+        tmp_path / "work",
+        variants={
+            "one row per micro-batch": ["policy.train_micro_batch_size=1"],
+            "two data-parallel ranks": ["policy.num_workers=2"],
+            "sequence packing": ["policy.dtensor_cfg.sequence_packing=true"],
+        },
+    )
+    assert card.passed, [r for r in card.results if not r.passed]
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
+def test_certify_fails_every_planted_backend_bug(
+    ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path, mutant
+):
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(backend_mutants)  # its loss wrapper travels to the workers
+    runs = iter(range(100))
+
+    def make(overrides):
+        return mutant(
+            make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides), tiny_model_path
+        )
+
+    card = certify_backend(make, tiny_model_path, tokenizer, tmp_path / "work", quick=True)
+    assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()

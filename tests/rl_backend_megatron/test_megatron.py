@@ -11,7 +11,8 @@ from rl_core.config import load_config
 from rl_core.losses import ClippedPGLoss
 from rl_core.refit import RefitRoute, receive_weights
 from rl_core.schema import LossConfig
-from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
+from rl_core.testing.certify import certify_backend
+from rl_core.testing.conformance import hf_logprobs, sample_batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.slow]
 
@@ -145,16 +146,27 @@ def test_save_at_one_layout_load_at_another(ray_session, rl_registry, tiny_model
         second.shutdown()
 
 
-def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tmp_path):
-    backend = make(
-        rl_registry,
+def test_certify_passes_the_megatron_backend(ray_session, rl_registry, tiny_model_path, tmp_path):
+    """The certify checks at TP=2, against one row per micro-batch and against one tensor-parallel rank."""
+    runs = iter(range(100))
+    card = certify_backend(
+        lambda overrides: make(
+            rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *LAYOUTS["tp2"], *overrides
+        ),
         tiny_model_path,
-        tmp_path / "run",
-        "policy.num_workers=2",
-        "policy.megatron_cfg.tensor_model_parallel_size=2",
+        tokenizer_of(tiny_model_path),
+        tmp_path / "work",
+        variants={
+            "one row per micro-batch": ["policy.train_micro_batch_size=1"],
+            "one tensor-parallel rank": ["policy.num_workers=1", "policy.megatron_cfg.tensor_model_parallel_size=1"],
+        },
     )
+    assert card.passed, [r for r in card.results if not r.passed]
+
+
+def test_refit_weights_carry_hugging_face_names(ray_session, rl_registry, tiny_model_path, tmp_path):
+    backend = make(rl_registry, tiny_model_path, tmp_path / "run", *LAYOUTS["tp2"])
     try:
-        check_training_backend(backend, tokenizer_of(tiny_model_path), tmp_path)
         names = {k for k, _ in receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))}
         assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
     finally:

@@ -92,3 +92,36 @@ def test_config_reference_covers_plugin_sections():
         "`policy.megatron_cfg.tensor_model_parallel_size`",
     ):
         assert key in out.stdout
+
+
+def test_certify_prints_a_report_card_and_exits_by_its_verdict():
+    card = rl_core("certify", "exact_match", "--json")
+    assert card.returncode == 0, card.stderr
+    report = json.loads(card.stdout)
+    assert report["passed"] and report["kind"] == "reward source" and len(report["checks"]) >= 5
+    table = rl_core("certify", "number_match")
+    assert table.returncode == 0 and "rl-core certify: reward source 'number_match'" in table.stdout
+    assert all(len(line) <= 160 for line in table.stdout.splitlines())
+    missing = rl_core("certify", "nope")
+    assert missing.returncode == 2 and "no component named 'nope'" in missing.stderr
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    """``rl-core plugins --json | head -3``: the closed pipe ends the command quietly, with status 0."""
+    for _ in range(3):
+        run = subprocess.run(
+            f"set -o pipefail; {sys.executable} -m rl_core.cli plugins --json | head -3",
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0 and "BrokenPipeError" not in run.stderr, run.stderr
+
+
+def test_explain_lines_are_never_wrapped_when_piped():
+    out = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=true")
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith("weight transport:"))
+    assert line.endswith("else object_store") and len(line) > 80

@@ -4,12 +4,16 @@ against the trainer's, stop strings and finish reasons, refit over every route t
 import asyncio
 
 import pytest
+from engine_mutants import MUTANTS, NoopRefit, ScaledLogprobs
 
 from rl_core.config import load_config
+from rl_core.hookspecs import hookimpl
 from rl_core.losses import NLLLoss
 from rl_core.protocols import SamplingParams
 from rl_core.refit import RefitRoute
 from rl_core.rollouts import rollout_batch
+from rl_core.specs import RolloutEngineSpec
+from rl_core.testing.certify import certify_engine
 from rl_core.testing.conformance import check_rollout_engine
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -73,6 +77,17 @@ def test_conformance(engine, tokenizer):
     check_rollout_engine(engine, tokenizer)
 
 
+def test_certify_passes_the_hf_engine(engine, tiny_model_path, tokenizer):
+    card = certify_engine(engine, tiny_model_path, tokenizer)
+    assert card.passed, [r for r in card.results if not r.passed]
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
+def test_certify_fails_every_planted_bug(engine, tiny_model_path, tokenizer, mutant):
+    card = certify_engine(mutant(engine, tokenizer), tiny_model_path, tokenizer, quick=True)
+    assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0], ids=["t1", "t0.7", "greedy"])
 def test_logprobs_agree_with_the_trainer_at_any_temperature(engine, backend, tokenizer, temperature):
     """The engine returns the policy's logprobs (raw logits) whatever the sampling temperature."""
@@ -120,3 +135,48 @@ def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route):
     )
     assert max_gap(after, backend.logprobs(after)) < 1e-5  # agrees with the updated weights
     assert max_gap(after, backend.reference_logprobs(after)) > 1e-2  # and visibly not with the old ones
+
+
+class WrongEngines:
+    """Engine plugins with planted bugs, for the health checks of a real run."""
+
+    @hookimpl
+    def rl_rollout_engines(self):
+        def wrapped(mutant):
+            def factory(config, section):
+                from transformers import AutoTokenizer
+
+                from rl_rollout_hf.engine import make_engine
+
+                inner = make_engine(config, config.section("policy.generation.hf_cfg"))
+                return mutant(inner, AutoTokenizer.from_pretrained(config.policy.model_name))
+
+            return factory
+
+        return [
+            RolloutEngineSpec(name="scaled-logprobs", factory=wrapped(ScaledLogprobs), package="planted-bug"),
+            RolloutEngineSpec(name="noop-refit", factory=wrapped(NoopRefit), package="planted-bug"),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("scaled-logprobs", r"rollout engine 'scaled-logprobs' \(planted-bug\) returns logprobs that differ"),
+        ("noop-refit", r"weight sync failed: .* rollout engine 'noop-refit' \(planted-bug\) reported no checksums"),
+    ],
+)
+def test_a_run_with_a_wrong_engine_stops_naming_it(ray_session, make_config, tiny_model_path, name, message):
+    from rl_core.console import RunConsole
+    from rl_core.health import HealthCheckError
+    from rl_core.registry import Registry
+    from rl_core.run import run_config
+
+    config = make_config(
+        "warmup_recipe=null",
+        f"policy.model_name={tiny_model_path}",
+        "cluster.device=cpu",
+        f"policy.generation.backend={name}",
+    )
+    with pytest.raises(HealthCheckError, match=message):
+        run_config(config, Registry.discover(extra=[("wrong", WrongEngines())]), RunConsole(progress=False))

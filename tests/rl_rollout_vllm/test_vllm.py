@@ -11,6 +11,7 @@ from rl_core.errors import InputError, RLCoreError
 from rl_core.losses import NLLLoss
 from rl_core.protocols import SamplingParams
 from rl_core.refit import RefitRoute
+from rl_core.testing.certify import certify_engine
 from rl_core.testing.conformance import check_rollout_engine
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -86,6 +87,11 @@ def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
     _, batch = rollouts_and_batch(engine, tokenizer, seed=1)
     assert batch["loss_mask"].sum() > 20
     assert max_gap(batch, backend.logprobs(batch)) < 1e-4
+
+
+def test_certify_passes_the_vllm_engine(engine, tiny_model_path, tokenizer):
+    card = certify_engine(engine, tiny_model_path, tokenizer)
+    assert card.passed, [r for r in card.results if not r.passed]
 
 
 @pytest.mark.parametrize("route", [None, "object_store", "broadcast"], ids=["auto", "object_store", "broadcast"])

@@ -205,11 +205,17 @@ class DTensorWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        # before the first step the optimizer has no state, and get_state_dict would give it one by a zero-lr step
+        # (AdamW's step count then 1, not 0): that must neither change this run nor be what a load restores
+        fresh = not self.optimizer.state
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        if fresh:
+            self.optimizer.state.clear()
         if self.rank == 0:
             torch.save(
-                {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()}, Path(path) / "extra.pt"
+                {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(), "fresh_optimizer": fresh},
+                Path(path) / "extra.pt",
             )
         if self.world_size > 1:
             dist.barrier()
@@ -223,6 +229,8 @@ class DTensorWorker:
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+        if extra.get("fresh_optimizer"):
+            self.optimizer.state.clear()
         self.scheduler.load_state_dict(extra["scheduler"])
         torch.set_rng_state(extra["rng"])
 

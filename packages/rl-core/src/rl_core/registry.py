@@ -262,23 +262,34 @@ class Registry:
         return found.spec
 
     def why_missing(self, kind: Kind, name: str) -> str:
+        """Why no ``kind`` is registered as ``name``, and what to do. A first-party component names the plugin
+        that provides it; otherwise a plugin of the same name that failed or is disabled is offered as the likely
+        cause (an entry point does not say what a plugin would have registered)."""
         words = KINDS[kind][2]
+        known = name in FIRST_PARTY
         plugin, package = FIRST_PARTY.get(name, (name, ""))
         info = self.plugins.get(plugin)
         available = ", ".join(sorted(self._components[kind])) or "none"
+        provided = (
+            f"is provided by plugin {plugin!r}"
+            if known
+            else f"is not registered; plugin {plugin!r}, which may provide it,"
+        )
         if info is not None and info.status == "disabled":
             return (
-                f"{words} {name!r} is provided by plugin {plugin!r} ({info.distribution}), which is disabled by "
+                f"{words} {name!r} {provided} ({info.distribution}) is disabled by "
                 f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, plugin)}; remove {plugin!r} from it, or select another "
                 f"{words} (available: {available})"
             )
         if info is not None and info.status == "failed":
             return (
-                f"{words} {name!r} is provided by plugin {plugin!r} ({info.distribution} {info.version}), which "
-                f"failed to import: {info.error}. Reinstall it: pip install --force-reinstall {info.distribution}"
+                f"{words} {name!r} {provided} ({info.distribution} {info.version}) failed to import: {info.error}. "
+                f"Reinstall it: pip install --force-reinstall {info.distribution}"
             )
         hint = f" Install it: pip install '{package}'." if package else ""
-        return f"no {words} named {name!r} is installed (available: {available}).{hint}"
+        failed = sorted(p.name for p in self.plugins.values() if p.status == "failed")
+        also = f" Plugins that failed to import: {', '.join(failed)} (rl-core plugins shows why)." if failed else ""
+        return f"no {words} named {name!r} is installed (available: {available}).{hint}{also}"
 
     def section_classes(self) -> dict[str, type]:
         """Config sections contributed by registered components: ``config_key -> config_class``."""
