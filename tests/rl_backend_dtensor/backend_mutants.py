@@ -110,7 +110,7 @@ class ReferenceTrains(Passthrough):
 
 #: mutant -> a check that must fail for it
 MUTANTS = {
-    PerMicroBatchMean: "one step is the same with one row per micro-batch",
+    PerMicroBatchMean: "loss and gradients are the same with one row per micro-batch",
     ShiftedLogprobs: "logprobs vs a plain HF forward",
     StaleRefit: "export_hf round-trips (weights and logprobs)",
     NoopLoad: "checkpoint load is bit-exact; a resumed step equals an uninterrupted one",

@@ -160,6 +160,7 @@ def test_certify_passes_the_megatron_backend(ray_session, rl_registry, tiny_mode
             "one row per micro-batch": ["policy.train_micro_batch_size=1"],
             "one tensor-parallel rank": ["policy.num_workers=1", "policy.megatron_cfg.tensor_model_parallel_size=1"],
         },
+        sgd=rl_registry.get("training_backend", "megatron").sgd_overrides,
     )
     assert card.passed, [r for r in card.results if not r.passed]
 

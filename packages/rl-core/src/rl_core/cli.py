@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
     if args.debug:  # every refit's weights verified
         config = attrs.evolve(config, health=attrs.evolve(config.health, verify_refit_every=1))
     run_console = RunConsole(console, progress=config.logger.progress, verbose=args.verbose)
-    with run_logs(Path(config.run_dir).resolve(), verbose=args.verbose or args.debug):
+    with run_logs(Path(config.run_dir).resolve(), verbose=args.verbose or args.debug, packages=registry.packages()):
         run_config(config, registry, run_console)
     return 0
 

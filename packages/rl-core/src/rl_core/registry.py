@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -85,6 +86,8 @@ class PluginInfo:
     status: Literal["loaded", "failed", "disabled"]
     error: str | None = None
     hooks: tuple[str, ...] = ()
+    #: the module holding its hooks (its top-level package's loggers show on the run's terminal).
+    module: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -215,7 +218,10 @@ class Registry:
                     )
                 self._components[kind][record.name] = Registered(spec=record, plugin=name)
         hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(module) or []))
-        self.plugins[name] = PluginInfo(name=name, distribution=dist, version=version, status="loaded", hooks=hooks)
+        where = module.__name__ if isinstance(module, types.ModuleType) else type(module).__module__
+        self.plugins[name] = PluginInfo(
+            name=name, distribution=dist, version=version, status="loaded", hooks=hooks, module=where
+        )
 
     # -- lookup ---------------------------------------------------------------------------------------------------
 
@@ -333,6 +339,10 @@ class Registry:
         return Selection(kind=kind, chosen=on[0], reason=f"priority {on[0].priority}", runners_up=tuple(on[1:]))
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    def packages(self) -> frozenset[str]:
+        """The top-level packages of the loaded plugins (``rl_core`` included)."""
+        return frozenset(p.module.split(".")[0] for p in self.plugins.values() if p.status == "loaded" and p.module)
 
     @property
     def hook(self) -> HookRelay:

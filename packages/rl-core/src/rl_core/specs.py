@@ -48,6 +48,14 @@ class TrainingBackendSpec(ComponentSpec):
     """
 
     factory: Callable[[Config, Any], TrainingBackend]
+    #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
+    #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
+    #: default fits backends that use the core's ``policy.optimizer``.
+    sgd_overrides: tuple[str, ...] = (
+        "policy.optimizer.name=sgd",
+        "policy.optimizer.lr=1.0",
+        "policy.max_grad_norm=null",
+    )
 
 
 @attrs.frozen(kw_only=True)

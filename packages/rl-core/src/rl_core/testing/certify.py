@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 
 #: largest |engine or backend logprob - reference| on a sampled token, in fp32.
 LOGPROB_BOUND = 1e-4
-#: largest parameter difference between batch splits after one AdamW step, in fp32.
+#: largest gradient (and loss) difference between splits of one batch, relative to the largest gradient, in fp32.
 INVARIANCE_BOUND = 1e-6
+#: config overrides that make a core-optimizer backend's step plain SGD with learning rate 1, unclipped.
+SGD_OVERRIDES = ("policy.optimizer.name=sgd", "policy.optimizer.lr=1.0", "policy.max_grad_norm=null")
 #: a refit must move the engine's logprobs at least this much (the new weights differ visibly).
 REFIT_MOVES = 1e-2
 
@@ -83,7 +85,7 @@ class Card:
         table = Table(
             title=f"rl-core certify: {self.kind} {self.name!r}",
             title_justify="left",
-            caption=f"{verdict} in {time.monotonic() - self.started:.0f} s",
+            caption=f"{verdict}; the checks ran in {time.monotonic() - self.started:.0f} s",
             caption_justify="left",
         )
         for column in ("check", "result", "measured", "bound", "detail"):
@@ -357,12 +359,15 @@ def certify_backend(
     work: Path,
     *,
     variants: Mapping[str, Sequence[str]] | None = None,
+    sgd: Sequence[str] = SGD_OVERRIDES,
     quick: bool = False,
     card: Card | None = None,
 ) -> Card:
     """Certify a training backend. ``make(overrides)`` builds one over ``model_path`` (fp32) with config
     overrides; ``variants`` maps a name to the overrides that split the same global batch another way (default:
-    one row per micro-batch; unless ``quick``, two data-parallel ranks)."""
+    one row per micro-batch; unless ``quick``, two data-parallel ranks). ``sgd``: the overrides that make a step
+    plain SGD with learning rate 1 and no clipping, so that a step's update is its gradient
+    (``TrainingBackendSpec.sgd_overrides``)."""
     from rl_core.losses import ClippedPGLoss, NLLLoss
     from rl_core.schema import LossConfig
     from rl_core.testing.conformance import hf_logprobs, sample_batch
@@ -463,23 +468,36 @@ def certify_backend(
             return d == 0.0 and gap <= 1e-5, f"weights {_fmt(d)}, logprobs {_fmt(gap)}"
 
         card.run("export_hf round-trips (weights and logprobs)", "weights 0, logprobs <= 1e-05", export)
-        base.load_checkpoint(work / "step0")
-        base.train(batch, loss_fn)
-        reference_step = _weights(base)
     finally:
         base.shutdown()
+
+    def gradient(overrides: Sequence[str]) -> tuple[dict[str, torch.Tensor], float]:
+        """One SGD step (learning rate 1): the update is the gradient; and the step's loss."""
+        backend = make([*sgd, *overrides])
+        try:
+            start = _weights(backend)
+            loss = backend.train(batch, loss_fn)["loss"]
+            return {k: start[k] - v for k, v in _weights(backend).items()}, loss
+        finally:
+            backend.shutdown()
+
+    reference: list[tuple[dict[str, torch.Tensor], float]] = []
     for name, overrides in variants.items():
 
         def invariance(overrides: Sequence[str] = overrides) -> tuple[bool, str]:
-            other = make(overrides)
-            try:
-                other.train(batch, loss_fn)
-                d = _max_diff(_weights(other), reference_step)
-            finally:
-                other.shutdown()
-            return d <= INVARIANCE_BOUND, _fmt(d)
+            if not reference:
+                reference.append(gradient([]))
+            (grads, loss), (other, other_loss) = reference[0], gradient(overrides)
+            scale = max(float(g.abs().max()) for g in grads.values())
+            d = _max_diff(other, grads) / scale
+            dl = abs(other_loss - loss) / max(abs(loss), 1e-12)
+            return d <= INVARIANCE_BOUND and dl <= INVARIANCE_BOUND, f"gradient {_fmt(d)}, loss {_fmt(dl)}"
 
-        card.run(f"one step is the same with {name}", f"<= {INVARIANCE_BOUND:.0e} (parameters)", invariance)
+        card.run(
+            f"loss and gradients are the same with {name}",
+            f"<= {INVARIANCE_BOUND:.0e} (relative)",
+            invariance,
+        )
     return card
 
 
@@ -679,6 +697,7 @@ def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: 
         tokenizer,
         work / "checkpoints",
         variants=variants,
+        sgd=spec.sgd_overrides,
         quick=quick,
         card=Card("training backend", name),
     )
