@@ -1,6 +1,9 @@
 """The reward server and its client, for real: uvicorn on loopback, httpx, math-verify, a tiny reward model."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -191,3 +194,121 @@ def test_client_errors_are_clear():
     dead = RemoteRewardSource(RemoteConfig(url="http://127.0.0.1:9", max_retries=1, backoff_s=0.01))
     with pytest.raises(RewardServerError, match="after 2 attempts"):
         dead.score(["p"], ["1"], [{"answer": "1"}])
+
+
+def test_an_input_that_never_finishes_cannot_freeze_the_server(start_server):
+    """math-verify on a power tower computes for minutes holding the GIL: its scorer process is stopped at the
+    deadline, that request alone gets a clear error, and the server answers throughout."""
+    server = start_server("--scorer", "math_verify", "--request-timeout-s", "3")
+    tower = {
+        "scorer": "math_verify",
+        "prompts": ["q"],
+        "responses": ["$9^{9^{9^{9^{9}}}}$"],
+        "metadata": [{"answer": "1"}],
+    }
+    done: dict = {}
+    worker = threading.Thread(
+        target=lambda: done.setdefault("reply", httpx.post(f"{server.url}/v1/score", json=tower, timeout=120))
+    )
+    worker.start()
+    health = []
+    while worker.is_alive():
+        start = time.monotonic()
+        assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        health.append(time.monotonic() - start)
+        time.sleep(0.2)
+    reply = done["reply"]
+    assert reply.status_code == 422 and "deadline of 3 s" in reply.json()["error"], reply.text
+    assert health and max(health) < 2.0, health
+    ok = {"scorer": "math_verify", "prompts": ["q"], "responses": ["1/2"], "metadata": [{"answer": "0.5"}]}
+    assert httpx.post(f"{server.url}/v1/score", json=ok, timeout=60).json() == {"rewards": [1.0]}
+
+
+def _rss(server) -> int:
+    import psutil
+
+    return psutil.Process(server.proc.pid).memory_info().rss
+
+
+def test_oversized_headers_and_half_sent_bodies_are_cut_off(start_server):
+    import socket
+
+    server = start_server("--scorer", "exact_match", "--token", "s3cret", "--body-timeout-s", "1")
+    before = _rss(server)
+    for _ in range(4):  # 16 MB of header each, unauthenticated
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nX-Junk: ")
+            try:
+                for _ in range(16):
+                    s.sendall(b"a" * (1 << 20))
+            except OSError:
+                pass  # the server closed the connection: what it should do
+            s.settimeout(5)
+            try:
+                answer = s.recv(200)
+            except OSError:
+                answer = b""
+        assert not answer or b" 431 " in answer or b" 400 " in answer, answer
+    assert _rss(server) - before < 50 * 2**20, "headers must not be buffered in memory"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        head = (
+            "POST /v1/score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        s.sendall(head.encode() + b'{"scorer": "exa')
+        start = time.monotonic()
+        s.settimeout(20)
+        answer = s.recv(1000)
+    assert b" 408 " in answer and time.monotonic() - start < 10, answer
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_content_type_is_checked_exactly_and_metrics_count_every_status(start_server):
+    server = start_server("--scorer", "exact_match", "--token", "s3cret")
+    auth = {"Authorization": "Bearer s3cret"}
+    body = b'{"scorer": "exact_match", "prompts": ["p"], "responses": ["1"], "metadata": [{"answer": "1"}]}'
+    sneaky = httpx.post(
+        f"{server.url}/v1/score", content=body, headers={**auth, "Content-Type": "text/plain; x=application/json"}
+    )
+    assert sneaky.status_code == 415
+    assert (
+        httpx.post(f"{server.url}/v1/score", content=body, headers={"Content-Type": "application/json"}).status_code
+        == 401
+    )
+    good = httpx.post(
+        f"{server.url}/v1/score", content=body, headers={**auth, "Content-Type": "application/json; charset=utf-8"}
+    )
+    assert good.json() == {"rewards": [1.0]}
+    text = httpx.get(f"{server.url}/metrics", headers=auth).text
+    for status in ("200", "401", "415"):
+        assert f'reward_http_requests_total{{path="/v1/score",status="{status}"}} 1.0' in text, status
+    assert "process_resident_memory_bytes" in text and 'reward_http_request_seconds_count{path="/v1/score"} 3.0' in text
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--token", ""], {}, "--token is empty"),
+        ([], {"RL_REWARD_SERVER_TOKEN": " "}, "--token is empty"),
+        (["--host", "0.0.0.0"], {}, "no token is set"),
+        (["--port", "99999"], {}, "port 99999 is out of range"),
+        (["--scorer", "nope"], {}, "not a scorer this server can host"),
+    ],
+)
+def test_unsafe_or_wrong_server_settings_are_refused(args, env, message):
+    run = subprocess.run(
+        [sys.executable, "-m", "rl_reward_server.cli", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_the_client_sends_thousands_of_chunks_in_linear_time(start_server):
+    server = start_server("--scorer", "exact_match")
+    n = 2000
+    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="exact_match", batch_size=1))
+    rewards = remote.score(["p"] * n, [str(i % 7) for i in range(n)], [{"answer": "3"}] * n)
+    assert rewards == [1.0 if i % 7 == 3 else 0.0 for i in range(n)]

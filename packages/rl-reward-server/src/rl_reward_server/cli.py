@@ -18,6 +18,26 @@ from rl_core.api import ConfigError, RLCoreError
 TOKEN_ENV = "RL_REWARD_SERVER_TOKEN"
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range (1-65535)")
+    return port
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scorer",
@@ -27,52 +47,87 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="a scorer to host (repeatable); default: math_verify",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--token", default=None, help=f"bearer token required on every request (or ${TOKEN_ENV})")
-    p.add_argument("--micro-batch-size", type=int, default=64, help="samples per scorer call across requests")
+    p.add_argument(
+        "--allow-no-token", action="store_true", help="serve a non-loopback address without a token (not advised)"
+    )
+    p.add_argument("--micro-batch-size", type=_positive(int), default=64, help="samples per scorer call")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a short batch waits for more requests")
-    p.add_argument("--max-batch-size", type=int, default=4096, help="most samples one request may carry")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-batch-size", type=_positive(int), default=4096, help="most samples one request may carry")
+    p.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024)
+    p.add_argument("--max-header-bytes", type=_positive(int), default=64 * 1024, help="longest request headers")
+    p.add_argument("--body-timeout-s", type=_positive(float), default=10.0, help="longest a body may take to arrive")
+    p.add_argument(
+        "--request-timeout-s",
+        type=_positive(float),
+        default=60.0,
+        help="hard deadline of one scorer call; its process is stopped and replaced past it",
+    )
+    p.add_argument("--workers", type=_positive(int), default=1, help="scorer processes")
 
 
-def parse_scorer(text: str, registry: Any) -> tuple[str, Any]:
-    """``name:key=value,key=value`` -> (name, reward source built with those options)."""
-    import yaml
+def _loopback(host: str) -> bool:
+    import ipaddress
 
-    from rl_core.api import structure_section
-
-    name, _, rest = text.partition(":")
-    spec = registry.specs("reward_source").get(name)
-    if spec is None or name == "remote":
-        known = ", ".join(n for n in sorted(registry.specs("reward_source")) if n != "remote")
-        raise ConfigError(f"--scorer {name!r}: not a scorer this server can host; known: {known}")
-    options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--scorer {text!r}: options are key=value pairs separated by commas")
-        options[key] = yaml.safe_load(value)
-    cfg = structure_section(spec.config_class, options, f"--scorer {name}") if spec.config_class is not None else None
-    return name, spec.factory(cfg)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from rl_core.api import Registry
+    from rl_reward_server.hosting import parse_scorer
     from rl_reward_server.server import ServerSettings, create_app
 
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    if token is not None and not token.strip():
+        raise ConfigError(
+            f"--token is empty (is the variable you passed unset?): give a token, or leave out --token and {TOKEN_ENV}"
+        )
+    if not token and not _loopback(args.host) and not args.allow_no_token:
+        raise ConfigError(
+            f"--host {args.host} serves other machines, and no token is set: anyone who reaches the port could use "
+            f"the scorers. Give --token (or {TOKEN_ENV}), bind 127.0.0.1, or pass --allow-no-token"
+        )
     registry = Registry.discover()
-    scorers = dict(parse_scorer(s, registry) for s in (args.scorer or ["math_verify"]))
+    specs = args.scorer or ["math_verify"]
+    parsed = [parse_scorer(s, registry) for s in specs]  # option errors now, before any process starts
+    shapes = {
+        name: (cfg.inference_micro_batch_size, cfg.replicas)
+        for name, _spec, cfg in parsed
+        if hasattr(cfg, "inference_micro_batch_size") and hasattr(cfg, "replicas")
+    }
     settings = ServerSettings(
         micro_batch_size=args.micro_batch_size,
         max_wait_ms=args.max_wait_ms,
         max_batch_size=args.max_batch_size,
         max_body_bytes=args.max_body_bytes,
-        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        max_header_bytes=args.max_header_bytes,
+        body_timeout_s=args.body_timeout_s,
+        request_timeout_s=args.request_timeout_s,
+        workers=args.workers,
+        token=token or None,
     )
-    print(f"rl-reward-server: scorers {', '.join(scorers)} on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(create_app(scorers, settings), host=args.host, port=args.port, log_level="warning")
+    app = create_app({name: text for (name, _s, _c), text in zip(parsed, specs, strict=True)}, settings, shapes)
+    print(
+        f"rl-reward-server: scorers {', '.join(n for n, _s, _c in parsed)} on http://{args.host}:{args.port}",
+        flush=True,
+    )
+    # h11 enforces a limit on request headers (read before the token check); httptools has none
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+    )
     return 0
 
 

@@ -1,7 +1,8 @@
 """The client reward source: scores through one or more reward servers over HTTP.
 
-Each ``score`` call splits its samples into chunks of ``batch_size``, sends the chunks concurrently, spread
-round-robin over the servers, and retries a chunk on connection errors, timeouts and 5xx answers with
+Each ``score`` call splits its samples into chunks of ``batch_size`` and sends them with at most
+``max_in_flight`` requests under way (so the cost is linear in the number of chunks), spread round-robin over the
+servers, and retries a chunk on connection errors, timeouts and 5xx answers with
 exponential backoff, moving to the next server each time. Scoring is a pure function of the chunk, so a retry
 cannot double-count: each chunk's answer is placed once, by its index, and the rewards come back in order.
 """
@@ -29,6 +30,8 @@ class RemoteConfig:
     scorer: str = "math_verify"
     #: samples per HTTP request.
     batch_size: int = attrs.field(default=64, validator=attrs.validators.gt(0))
+    #: requests under way at once (each holds one connection); the others wait their turn.
+    max_in_flight: int = attrs.field(default=16, validator=attrs.validators.gt(0))
     timeout_s: float = 60.0
     max_retries: int = attrs.field(default=8, validator=attrs.validators.ge(0))
     backoff_s: float = 0.1
@@ -70,17 +73,17 @@ class RemoteRewardSource:
         import httpx
 
         size = self.cfg.batch_size
-        starts = range(0, len(prompts), size)
-        limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=self.headers, limits=limits) as client:
-            parts = await asyncio.gather(
-                *(
-                    self._chunk(
-                        client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]
-                    )
-                    for i in starts
+        turns = asyncio.Semaphore(self.cfg.max_in_flight)
+        limits = httpx.Limits(max_connections=self.cfg.max_in_flight)
+
+        async def chunk(client: Any, i: int) -> list[Any]:
+            async with turns:  # never more requests than connections: nothing queues inside the pool
+                return await self._chunk(
+                    client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]
                 )
-            )
+
+        async with httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=self.headers, limits=limits) as client:
+            parts = await asyncio.gather(*(chunk(client, i) for i in range(0, len(prompts), size)))
         return [r for part in parts for r in part]
 
     async def _chunk(

@@ -3,7 +3,10 @@
 ``POST /v1/score`` takes ``{"scorer", "prompts", "responses", "metadata"?}`` and answers ``{"rewards": [...]}``
 in order. Requests to one scorer that arrive together are merged into micro-batches of up to
 ``micro_batch_size`` samples (waiting at most ``max_wait_ms`` for company), so many small requests become few
-scorer calls. JSON only; bad input is a 4xx naming the field; a scorer failure is a 5xx for that request alone.
+scorer calls. The scorers run in worker processes (``rl_reward_server.pool``) under a hard deadline per call, so
+no input can freeze the server. JSON only (415 otherwise); a body must arrive within ``body_timeout_s`` (408); bad
+input is a 4xx naming the field; a scorer that overruns the deadline is a 422 for that request alone, and a scorer
+failure a 500.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rl_core.api import InputError, RewardSource
+from rl_core.api import InputError
+from rl_reward_server.pool import ScorerPool, ScoringTimeout
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +45,14 @@ class ServerSettings:
     max_wait_ms: float = 2.0
     max_batch_size: int = 4096
     max_body_bytes: int = 8 * 1024 * 1024
+    #: the longest a request's headers may be (enforced by the HTTP parser, before the token check).
+    max_header_bytes: int = 64 * 1024
+    #: the longest a request's body may take to arrive.
+    body_timeout_s: float = 10.0
+    #: the longest one scorer call may run before its process is stopped (hard deadline).
+    request_timeout_s: float = 60.0
+    #: scorer processes.
+    workers: int = 1
     token: str | None = None
 
 
@@ -71,10 +90,10 @@ class _Job:
 
 
 class Batcher:
-    """Merges concurrent jobs for one scorer into micro-batches and runs them off the event loop."""
+    """Merges concurrent jobs for one scorer into micro-batches and runs them in the scorer processes."""
 
-    def __init__(self, name: str, scorer: RewardSource, settings: ServerSettings, metrics: _Metrics) -> None:
-        self.name, self.scorer, self.settings, self.metrics = name, scorer, settings, metrics
+    def __init__(self, name: str, pool: ScorerPool, settings: ServerSettings, metrics: _Metrics) -> None:
+        self.name, self.pool, self.settings, self.metrics = name, pool, settings, metrics
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
 
@@ -115,7 +134,7 @@ class Batcher:
         metadata = [m for j in jobs for m in j.metadata]
         self.metrics.batch_size.labels(self.name).observe(len(prompts))
         try:
-            rewards = await asyncio.to_thread(self.scorer.score, prompts, responses, metadata)
+            rewards = await self.pool.score(self.name, prompts, responses, metadata)
             if len(rewards) != len(prompts):
                 raise RuntimeError(f"scorer returned {len(rewards)} rewards for {len(prompts)} samples")
         except Exception as exc:
@@ -137,6 +156,8 @@ class Batcher:
 @attrs.define
 class _Metrics:
     registry: CollectorRegistry
+    http: Counter
+    http_latency: Histogram
     requests: Counter
     samples: Counter
     batch_size: Histogram
@@ -145,8 +166,16 @@ class _Metrics:
     @classmethod
     def create(cls) -> _Metrics:
         reg = CollectorRegistry()
+        ProcessCollector(registry=reg)  # the server process's memory, CPU time, open files
         return cls(
             registry=reg,
+            http=Counter("reward_http_requests_total", "every HTTP request", ["path", "status"], registry=reg),
+            http_latency=Histogram(
+                "reward_http_request_seconds",
+                "HTTP latency, end to end (headers in to response out)",
+                ["path"],
+                registry=reg,
+            ),
             requests=Counter("reward_requests_total", "scoring requests", ["scorer", "status"], registry=reg),
             samples=Counter("reward_samples_total", "samples scored", ["scorer"], registry=reg),
             batch_size=Histogram(
@@ -156,45 +185,70 @@ class _Metrics:
                 registry=reg,
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
             ),
-            latency=Histogram("reward_request_seconds", "request latency", ["scorer"], registry=reg),
+            latency=Histogram("reward_request_seconds", "time in the batcher and scorer", ["scorer"], registry=reg),
         )
+
+
+_PATHS = ("/v1/score", "/v1/scorers", "/health", "/ready", "/metrics", "/openapi.json", "/docs")
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message})
 
 
-def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | None = None) -> FastAPI:
-    """The ASGI app hosting ``scorers`` by name."""
+def create_app(
+    scorers: Mapping[str, str],
+    settings: ServerSettings | None = None,
+    shapes: Mapping[str, tuple[int, int]] | None = None,
+) -> FastAPI:
+    """The ASGI app hosting ``scorers`` (name -> ``--scorer`` spec), built in ``settings.workers`` processes.
+    ``shapes``: how each scorer splits a request (inference_micro_batch_size, replicas), if it does."""
     settings = settings or ServerSettings()
     metrics = _Metrics.create()
-    batchers = {name: Batcher(name, s, settings, metrics) for name, s in scorers.items()}
+    pool = ScorerPool(list(scorers.values()), settings.workers, settings.request_timeout_s)
+    batchers = {name: Batcher(name, pool, settings, metrics) for name in scorers}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
         for b in batchers.values():
             b.start()
         yield
         for b in batchers.values():
             if b.task is not None:
                 b.task.cancel()
+        pool.close()
 
     app = FastAPI(title="rl-reward-server", version=_version(), description=__doc__, lifespan=lifespan)
 
     @app.middleware("http")
+    async def _measure(request: Request, call_next: Any) -> Response:
+        """Every request counted by path and status, and timed end to end (rejections included)."""
+        start = time.perf_counter()
+        path = request.url.path if request.url.path in _PATHS else "other"
+        response = await _guard(request, call_next)
+        metrics.http.labels(path, str(response.status_code)).inc()
+        metrics.http_latency.labels(path).observe(time.perf_counter() - start)
+        return response
+
     async def _guard(request: Request, call_next: Any) -> Response:
         if settings.token and request.url.path not in ("/health",):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
         if request.method == "POST":
-            if "application/json" not in request.headers.get("content-type", ""):
+            media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
                 return _error(415, "the body must be JSON (Content-Type: application/json)")
             length = request.headers.get("content-length")
             if length is None or not length.isdigit():
                 return _error(411, "a Content-Length header is required")
             if int(length) > settings.max_body_bytes:
                 return _error(413, f"body of {length} bytes exceeds the limit of {settings.max_body_bytes}")
+            try:  # read here, under a deadline: a half-sent body must not hold a connection open
+                await asyncio.wait_for(request.body(), settings.body_timeout_s)
+            except TimeoutError:
+                return _error(408, f"the body did not arrive within {settings.body_timeout_s:g} s")
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -216,8 +270,7 @@ def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | N
     @app.get("/v1/scorers")
     async def list_scorers() -> dict[str, Any]:
         """The hosted scorers, and how each splits a request (inference_micro_batch_size, replicas), if it does."""
-        shapes = {name: getattr(b.scorer, "micro_batching", lambda: None)() for name, b in batchers.items()}
-        return {"scorers": sorted(batchers), "micro_batching": {k: list(v) for k, v in shapes.items() if v}}
+        return {"scorers": sorted(batchers), "micro_batching": {k: list(v) for k, v in (shapes or {}).items()}}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -234,11 +287,13 @@ def create_app(scorers: Mapping[str, RewardSource], settings: ServerSettings | N
         metadata = req.metadata or [{} for _ in req.prompts]
         try:
             rewards = await batcher.submit(req.prompts, req.responses, metadata)
+        except (InputError, ScoringTimeout) as exc:
+            metrics.requests.labels(req.scorer, "rejected").inc()
+            return _error(422, f"scorer {req.scorer!r} could not score this request: {exc}")
         except Exception as exc:
             log.exception("scorer %s failed", req.scorer)
             metrics.requests.labels(req.scorer, "error").inc()
-            status = 422 if isinstance(exc, InputError) else 500
-            return _error(status, f"scorer {req.scorer!r} failed: {type(exc).__name__}: {exc}")
+            return _error(500, f"scorer {req.scorer!r} failed: {exc}")
         metrics.requests.labels(req.scorer, "ok").inc()
         metrics.samples.labels(req.scorer).inc(len(rewards))
         metrics.latency.labels(req.scorer).observe(time.perf_counter() - start)
