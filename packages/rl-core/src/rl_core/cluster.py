@@ -66,6 +66,54 @@ def init_ray(cfg: ClusterConfig, *, verbose: bool = True) -> None:
         log_to_driver=verbose,
         logging_level=_ray_level(verbose),
     )
+    reap_when_gone(os.getpid())
+
+
+#: run by ``reap_when_gone`` in a process of its own: wait for the driver, then end what its Ray left behind.
+_REAPER = """
+import sys, time
+import psutil
+
+driver = int(sys.argv[1])
+targets = []
+for item in sys.argv[2:]:
+    pid, created = item.split(":")
+    try:
+        p = psutil.Process(int(pid))
+        if abs(p.create_time() - float(created)) < 1e-3:
+            targets.append(p)
+    except psutil.Error:
+        pass
+while psutil.pid_exists(driver):
+    time.sleep(1.0)
+time.sleep(3.0)  # a clean ray.shutdown() needs no help
+for p in targets:
+    try:
+        for child in p.children(recursive=True):
+            child.kill()
+        p.kill()
+    except psutil.Error:
+        pass
+"""
+
+
+def reap_when_gone(driver_pid: int) -> None:
+    """Ray's local processes (GCS, raylet and their agents) outlive a driver killed with SIGKILL: a small process
+    of its own session waits for the driver and then ends the ones this driver started."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    started = [f"{p.pid}:{p.create_time()}" for p in psutil.Process(driver_pid).children(recursive=True)]
+    if started:
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(driver_pid), *started],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 def _ray_level(verbose: bool) -> int:
