@@ -23,6 +23,7 @@ from rl_core.api import (
     RefitSender,
     make_optimizer,
     make_scheduler,
+    thread_budget,
 )
 from rl_core.api import batch as B
 
@@ -41,7 +42,7 @@ class DTensorWorker:
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.policy, self.cfg = model_path, policy, cfg
-        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // world_size)
+        threads = cfg.threads_per_worker or thread_budget(max(1, (os.cpu_count() or 1) // world_size))
         torch.set_num_threads(threads)
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.chunk_tokens = cfg.logprob_chunk_tokens or (1024 if self.device.type == "cuda" else None)

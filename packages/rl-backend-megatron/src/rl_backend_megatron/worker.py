@@ -21,6 +21,7 @@ from rl_core.api import (
     RefitSender,
     SchedulerConfig,
     lr_multiplier,
+    thread_budget,
 )
 from rl_core.api import batch as B
 
@@ -45,7 +46,7 @@ class MegatronWorker:
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_path, self.converted, self.policy, self.cfg = model_path, Path(converted), policy, cfg
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(thread_budget(max(1, (os.cpu_count() or 1) // world_size)))
         torch.manual_seed(seed)
         self.seed = seed
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")

@@ -25,7 +25,15 @@ from rl_core.hookspecs import hookimpl
 from rl_core.models import check_model_folder, resolve_model_path
 from rl_core.optim import lr_multiplier, make_optimizer, make_scheduler
 from rl_core.paths import cache_root
-from rl_core.placement import Device, GroupLayout, colocated, detected_device, engine_layout, policy_layout
+from rl_core.placement import (
+    Device,
+    GroupLayout,
+    colocated,
+    detected_device,
+    engine_layout,
+    policy_layout,
+    thread_budget,
+)
 from rl_core.protocols import (
     FinishReason,
     LossFunction,
@@ -133,4 +141,5 @@ __all__ = [
     "replicas_stats",
     "resolve_model_path",
     "structure_section",
+    "thread_budget",
 ]

@@ -294,6 +294,8 @@ class WorkerGroup:
             if log_dir is not None:
                 kwargs["rl_log_path"] = str(log_dir / f"{name}-{rank}.log")
             env = dict(env_vars or {})
+            if layout.threads is not None:
+                env["RL_CORE_THREADS"] = str(layout.threads)
             if visible is not None:
                 # Ray would show this actor only the GPU of its own share: it sees the GPUs of all its bundles
                 env.update(

@@ -41,6 +41,9 @@ class GroupLayout:
     #: the key of the run's colocated placement group (its run folder), or "" for a placement group of its own.
     shared: str = ""
     visible_bundles: tuple[tuple[int, ...], ...] | None = None
+    #: CPU threads per actor when the group shares a CPU node with another that runs at the same time
+    #: (``RL_CORE_THREADS``, read by ``thread_budget``); None: the workers' own default.
+    threads: int | None = None
 
 
 def detected_device(config: Config) -> Device:
@@ -55,6 +58,31 @@ def detected_device(config: Config) -> Device:
     except ImportError:
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def overlaps(config: Config) -> bool:
+    """Whether generation runs while training does (an algorithm section with ``ahead > 0``: async GRPO)."""
+    return bool(getattr(config.sections.get(config.algorithm), "ahead", 0))
+
+
+def cpu_split(config: Config, role: str, size: int) -> int | None:
+    """On CPU with generation overlapping training, the node's cores are split: half to the policy's ranks, the
+    rest to the engine's replicas (each share divided among the group's actors); None otherwise."""
+    import os
+
+    if not overlaps(config):
+        return None
+    cores = os.cpu_count() or 2
+    share = max(1, cores // 2) if role == "policy" else max(1, cores - cores // 2)
+    return max(1, share // size)
+
+
+def thread_budget(fallback: int) -> int:
+    """The CPU threads this worker may use: what its layout gave it (``RL_CORE_THREADS``), else ``fallback``."""
+    import os
+
+    given = os.environ.get("RL_CORE_THREADS")
+    return int(given) if given else fallback
 
 
 def colocated(config: Config, device: Device) -> bool:
@@ -91,6 +119,7 @@ def policy_layout(config: Config, device: Device) -> GroupLayout:
         bundle_index=tuple(range(world)),
         num_cpus=1.0,
         num_gpus=1.0 if device == "cuda" else 0.0,
+        threads=cpu_split(config, "policy", world) if device == "cpu" else None,
     )
 
 
@@ -121,4 +150,5 @@ def engine_layout(config: Config, device: Device, tensor_parallel_size: int = 1)
         bundle_index=tuple(range(replicas)),
         num_cpus=1.0,
         num_gpus=float(tp) if device == "cuda" else 0.0,
+        threads=cpu_split(config, "rollout", replicas) if device == "cpu" else None,
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rl_core.api import InputError, RefitPayload, Sample, receive_weights, received_stats
+from rl_core.api import InputError, RefitPayload, Sample, receive_weights, received_stats, thread_budget
 from rl_rollout_hf.config import HfGenerateConfig
 
 #: one sequence to decode: (prompt_index, sample_index, prompt token ids)
@@ -37,7 +37,7 @@ class HfWorker:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         # Ray starts actors with OMP_NUM_THREADS=1: decode on this replica's share of the node's cores
-        torch.set_num_threads(cfg.threads or max(1, len(os.sched_getaffinity(0)) // replicas))
+        torch.set_num_threads(cfg.threads or thread_budget(max(1, len(os.sched_getaffinity(0)) // replicas)))
         self.cfg = cfg
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code}

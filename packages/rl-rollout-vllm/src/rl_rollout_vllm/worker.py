@@ -13,7 +13,16 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from rl_core.api import FileWeights, InputError, ObjectStoreWeights, PluginError, RefitPayload, Sample, cache_root
+from rl_core.api import (
+    FileWeights,
+    InputError,
+    ObjectStoreWeights,
+    PluginError,
+    RefitPayload,
+    Sample,
+    cache_root,
+    thread_budget,
+)
 from rl_rollout_vllm.config import VllmConfig
 
 MISSING_VLLM = (
@@ -65,7 +74,7 @@ def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, replic
     elif not async_engine:
         # Ray starts actors with OMP_NUM_THREADS=1, and the in-process CPU engine keeps the thread count it finds
         # (vLLM binds threads only for the worker processes it spawns itself): 1.6x slower decoding on 2 cores.
-        torch.set_num_threads(cfg.threads or max(1, len(os.sched_getaffinity(0)) // replicas))
+        torch.set_num_threads(cfg.threads or thread_budget(max(1, len(os.sched_getaffinity(0)) // replicas)))
     try:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args)) if async_engine else LLM(**args)
     except Exception as exc:

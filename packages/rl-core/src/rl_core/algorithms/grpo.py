@@ -13,21 +13,33 @@ Departures from the textbook, stated up front:
   ``dynamic_sampling_max_gen_batches`` draws per step; if the batch is still short, the step trains on what it has.
 - DAPO overlong filtering masks truncated responses out of the loss; overlong reward shaping adds a linear
   penalty in the last ``overlong_buffer_length`` tokens before ``max_new_tokens``.
+
+Asynchronous GRPO (``async_mode``): ``one_step`` generates the batch of step ``t + 1`` with the policy of step
+``t`` while step ``t`` trains; ``bounded`` lets generation run up to ``max_staleness`` steps ahead. The schedule is
+fixed (``rl_core.producer``): the batch of step ``b`` always comes from the policy after step ``max(0, b - 1 -
+k)``, so runs are reproducible and resume exactly. Off-policy batches are trained with truncated importance
+sampling against the generating policy's logprobs (``off_policy_correction``), ``async/staleness`` is logged per
+step (every sample of a step has the same), and the engine-vs-trainer logprob check runs on a small probe right
+after each refit, when engine and trainer hold the same weights. Overlap needs the engine on resources of its own:
+on GPUs ``policy.generation.colocated: false``; on CPU the node's cores are split between trainer and engine.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 
 from rl_core import advantages as adv
 from rl_core.context import Phases, RunContext
 from rl_core.data import EpochSampler
+from rl_core.errors import ConfigError
 from rl_core.health import logprob_mismatch, mismatch_due
 from rl_core.loops import prefixed, run_loop
 from rl_core.losses import ClippedPGLoss
+from rl_core.producer import RolloutProducer, from_plain, generating_version
 from rl_core.rollouts import (
     ScoredRollouts,
     generate_and_score,
@@ -37,7 +49,7 @@ from rl_core.rollouts import (
     sampling,
     validate_rollouts,
 )
-from rl_core.schema import RolloutLoopConfig
+from rl_core.schema import LossConfig, RolloutLoopConfig
 
 _pos = attrs.validators.gt(0)
 
@@ -54,36 +66,97 @@ class GRPOConfig(RolloutLoopConfig):
     overlong_reward_shaping: bool = False
     overlong_buffer_length: int = attrs.field(default=16, validator=_pos)
     overlong_penalty: float = 1.0
+    #: ``sync`` (generate, then train), ``one_step`` (generate step t+1's batch while step t trains) or ``bounded``
+    #: (generation up to ``max_staleness`` steps ahead of training).
+    async_mode: Literal["sync", "one_step", "bounded"] = "sync"
+    #: with ``bounded``: a batch comes from a policy at most this many steps older than the one it trains.
+    max_staleness: int = attrs.field(default=2, validator=_pos)
+    #: off-policy modes: truncated importance sampling against the generating policy's logprobs.
+    off_policy_correction: bool = True
+    #: the truncation of that importance weight (when ``loss_fn.truncated_importance_sampling_ratio`` is unset).
+    importance_sampling_cap: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+
+    @property
+    def ahead(self) -> int:
+        """Steps generation runs ahead of training: 0 (sync), 1 (one_step) or ``max_staleness`` (bounded)."""
+        return {"sync": 0, "one_step": 1, "bounded": self.max_staleness}[self.async_mode]
 
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: GRPOConfig = ctx.config.section("grpo")
-    loss_fn = ClippedPGLoss(cfg=ctx.config.loss_fn)
-    return run_loop(
-        ctx,
+    loss_cfg = off_policy_loss(ctx.config.loss_fn, cfg)
+    loss_fn = ClippedPGLoss(cfg=loss_cfg)
+    if cfg.ahead and ctx.config.policy.generation.colocated and ctx.device == "cuda":
+        raise ConfigError(
+            f"grpo.async_mode={cfg.async_mode} overlaps generation with training, which needs the engine on GPUs of its "
+            "own: set policy.generation.colocated=false (or grpo.async_mode=sync)"
+        )
+    common: dict[str, Any] = dict(
         rows_per_step=cfg.num_prompts_per_step,
         total_steps=cfg.max_num_steps,
-        step_fn=lambda sampler, step: grpo_step(ctx, cfg, sampler, loss_fn, step),
         validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
         max_val_samples=cfg.max_val_samples,
     )
+    if not cfg.ahead:
+        return run_loop(ctx, step_fn=lambda sampler, step: grpo_step(ctx, cfg, sampler, loss_fn, step), **common)
+    return run_loop(
+        ctx, stepper=lambda sampler, start, state: AsyncGRPO(ctx, cfg, loss_fn, sampler, start, state), **common
+    )
+
+
+def off_policy_loss(loss: LossConfig, cfg: GRPOConfig) -> LossConfig:
+    """The loss of an off-policy mode: truncated importance sampling on, unless turned off."""
+    if not cfg.ahead or not cfg.off_policy_correction:
+        return loss
+    cap = loss.truncated_importance_sampling_ratio or cfg.importance_sampling_cap
+    return attrs.evolve(loss, use_importance_sampling_correction=True, truncated_importance_sampling_ratio=cap)
+
+
+def produce(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, step: int, phases: Phases) -> ScoredRollouts:
+    """The scored rollouts of ``step`` (its sampling seed depends on the step alone)."""
+    params = sampling(ctx, cfg.num_generations_per_prompt, seed=ctx.config.seed * 100_003 + step)
+    return collect(ctx, cfg, sampler, params, phases)
 
 
 def grpo_step(
     ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, loss_fn: ClippedPGLoss, step: int
 ) -> dict[str, float]:
-    import torch
-
+    """Synchronous GRPO: generate with the current policy, train, refit."""
     phases = Phases()
     start = time.perf_counter()
-    G = cfg.num_generations_per_prompt
-    params = sampling(ctx, G, seed=ctx.config.seed * 100_003 + step)
-    scored = collect(ctx, cfg, sampler, params, phases)
+    scored = produce(ctx, cfg, sampler, step, phases)
     gen_seconds = time.perf_counter() - start
-    P = len(scored.examples)
+    metrics = train_on(ctx, cfg, scored, loss_fn, step, phases, on_policy=True)
+    with phases("refit"):
+        refit_stats = refit(ctx)
+    return {
+        **rollout_metrics(scored, gen_seconds),
+        **metrics,
+        "refit/bytes": float(refit_stats.num_bytes),
+        "refit/seconds": refit_stats.seconds,
+        **phases.metrics(),
+        "time/step": time.perf_counter() - start,
+    }
 
+
+def train_on(
+    ctx: RunContext,
+    cfg: GRPOConfig,
+    scored: ScoredRollouts,
+    loss_fn: ClippedPGLoss,
+    step: int,
+    phases: Phases,
+    *,
+    on_policy: bool,
+) -> dict[str, float]:
+    """Advantages, the batch, the logprobs the loss needs, and the optimizer steps on one step's rollouts. The
+    engine-vs-trainer mismatch is measured here only ``on_policy`` (the engine's weights were the trainer's)."""
+    import torch
+
+    G = cfg.num_generations_per_prompt
+    P = len(scored.examples)
     rewards = torch.tensor(scored.rewards, dtype=torch.float32).view(P, G)  # [P, G]
     lengths = torch.tensor([len(r.token_ids) for r in scored.rollouts]).view(P, G)  # [P, G]
     if cfg.overlong_reward_shaping:
@@ -99,14 +172,16 @@ def grpo_step(
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
     batch["sample_mask"] = valid.view(-1).float()  # [B]
-    lcfg = ctx.config.loss_fn
+    lcfg = loss_fn.cfg
     several_updates = ctx.config.policy.train_global_batch_size < P * G
     need_prev = not lcfg.disable_ppo_ratio and (several_updates or lcfg.use_importance_sampling_correction)
+    check = on_policy and mismatch_due(ctx, step)
     health: dict[str, float] = {}
-    if need_prev or mismatch_due(ctx, step):
+    if need_prev or check:
         with phases("logprobs"):
             current = ctx.backend.logprobs(batch)
-        health = logprob_mismatch(ctx, batch["generation_logprobs"], current, batch["loss_mask"])
+        if on_policy:
+            health = logprob_mismatch(ctx, batch["generation_logprobs"], current, batch["loss_mask"])
         if need_prev:
             batch["prev_logprobs"] = current
     if lcfg.reference_policy_kl_penalty > 0:
@@ -114,19 +189,87 @@ def grpo_step(
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
-    with phases("refit"):
-        refit_stats = refit(ctx)
     return {
-        **rollout_metrics(scored, gen_seconds),
         "reward_shaped": float(rewards.mean()),
         "prompts": float(P),
         **prefixed("train", train_metrics),
         **health,
-        "refit/bytes": float(refit_stats.num_bytes),
-        "refit/seconds": refit_stats.seconds,
-        **phases.metrics(),
-        "time/step": time.perf_counter() - start,
     }
+
+
+class AsyncGRPO:
+    """The off-policy modes' steps (``rl_core.loops.Stepper``): rollouts come from a ``RolloutProducer`` running
+    ``cfg.ahead`` steps ahead; after each optimizer step the engine is refit once the batches that need older
+    weights exist."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        cfg: GRPOConfig,
+        loss_fn: ClippedPGLoss,
+        sampler: EpochSampler,
+        start: int,
+        state: Mapping[str, Any] | None,
+    ) -> None:
+        self.ctx, self.cfg, self.loss_fn = ctx, cfg, loss_fn
+        self.generation_phases: dict[int, Phases] = {}
+        #: the version the engine was refit to, released to the producer when the next step starts: between steps
+        #: (logging, validation, a checkpoint) the engine is idle and holds the trainer's weights
+        self.refitted: int | None = None
+        buffered = {int(b): from_plain(s) for b, s in (state or {}).get("ahead", {}).items()}
+        self.producer = RolloutProducer(
+            self._produce, sampler, start=start, last=cfg.max_num_steps, ahead=cfg.ahead, buffered=buffered
+        )
+
+    def _produce(self, step: int, sampler: EpochSampler) -> ScoredRollouts:
+        phases = self.generation_phases.setdefault(step, Phases())
+        return produce(self.ctx, self.cfg, sampler, step, phases)
+
+    def step(self, step: int) -> dict[str, float]:
+        phases = Phases()
+        start = time.perf_counter()
+        if self.refitted is not None:
+            self.producer.refitted(self.refitted)
+        with phases("wait_rollouts"):
+            scored, gen_seconds = self.producer.take(step)
+        staleness = (step - 1) - generating_version(step, self.cfg.ahead)
+        metrics = train_on(self.ctx, self.cfg, scored, self.loss_fn, step, phases, on_policy=staleness == 0)
+        with phases("wait_rollouts"):
+            self.producer.wait_made(step + self.cfg.ahead)  # the engine is idle: no request crosses the refit
+        with phases("refit"):
+            refit_stats = refit(self.ctx)
+        if mismatch_due(self.ctx, step) and staleness > 0:
+            with phases("logprobs"):
+                metrics.update(probe_mismatch(self.ctx, scored))
+        self.refitted = step
+        made = self.generation_phases.pop(step, Phases())
+        return {
+            **rollout_metrics(scored, gen_seconds),
+            **metrics,
+            "async/staleness": float(staleness),
+            "refit/bytes": float(refit_stats.num_bytes),
+            "refit/seconds": refit_stats.seconds,
+            **{f"time/{k}": v for k, v in made.seconds.items()},  # spent by the producer, overlapping training
+            **phases.metrics(),
+            "time/step": time.perf_counter() - start,
+        }
+
+    def state(self, step: int) -> dict[str, Any]:
+        return self.producer.state(step)
+
+    def close(self) -> None:
+        self.producer.stop()
+
+
+def probe_mismatch(ctx: RunContext, scored: ScoredRollouts) -> dict[str, float]:
+    """Right after a refit, engine and trainer hold the same weights: greedy rollouts of a few of this step's
+    prompts, their engine logprobs against the trainer's."""
+    from rl_core.rollouts import generate_and_score
+
+    examples = scored.examples[:4]
+    probe = generate_and_score(ctx, examples, sampling(ctx, 1, seed=ctx.config.seed, greedy=True), Phases())
+    batch = rollout_batch(probe.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
+    return logprob_mismatch(ctx, batch["generation_logprobs"], ctx.backend.logprobs(batch), batch["loss_mask"])
 
 
 def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any, phases: Phases) -> ScoredRollouts:
