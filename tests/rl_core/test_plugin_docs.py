@@ -44,3 +44,26 @@ def test_the_documented_reward_source_installs_and_certifies(tmp_path: Path):
     assert chosen.returncode == 0 and json.loads(chosen.stdout)["reward_sources"] == ["length"], chosen.stderr
     typo = cli("plugins", "--explain", "reward.sources=[{name: length, targt: 12}]")
     assert typo.returncode == 2 and "did you mean 'reward.sources[0].target'" in typo.stderr, typo.stderr
+
+
+@pytest.mark.slow
+def test_the_documented_environment_installs_and_certifies(tmp_path: Path):
+    files = {k: v for k, v in doc_files().items() if k.startswith("rl-env-repeat/")}
+    assert set(files) == {"rl-env-repeat/pyproject.toml", "rl-env-repeat/rl_env_repeat/__init__.py"}
+    for path, body in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(body)
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+    subprocess.run([*pip, str(tmp_path / "rl-env-repeat")], check=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    rows = tmp_path / "words.jsonl"
+    rows.write_text("".join(json.dumps({"word": w}) + "\n" for w in ("apple", "stone", "river")))
+    card = subprocess.run(
+        [sys.executable, "-m", "rl_core.cli", "certify", "repeat", "--data", str(rows), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert card.returncode == 0 and json.loads(card.stdout)["passed"], card.stdout + card.stderr

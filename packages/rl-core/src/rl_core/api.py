@@ -35,6 +35,7 @@ from rl_core.placement import (
     thread_budget,
 )
 from rl_core.protocols import (
+    Environment,
     FinishReason,
     LossFunction,
     MetricsLogger,
@@ -44,6 +45,7 @@ from rl_core.protocols import (
     RolloutEngine,
     SamplingParams,
     TrainingBackend,
+    Transition,
 )
 from rl_core.refit import (
     BroadcastWeights,
@@ -68,6 +70,7 @@ from rl_core.specs import (
     AlgorithmSpec,
     CliCommandSpec,
     ComponentSpec,
+    EnvironmentSpec,
     LoggerSpec,
     RewardSourceSpec,
     RolloutEngineSpec,
@@ -84,6 +87,8 @@ __all__ = [
     "ConfigError",
     "CudaIpcWeights",
     "Device",
+    "Environment",
+    "EnvironmentSpec",
     "FileWeights",
     "FinishReason",
     "GroupBackend",
@@ -119,6 +124,7 @@ __all__ = [
     "TokenBatch",
     "TrainingBackend",
     "TrainingBackendSpec",
+    "Transition",
     "WorkerDiedError",
     "WorkerGroup",
     "batch",

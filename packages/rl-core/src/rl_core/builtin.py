@@ -10,7 +10,7 @@ from typing import Any
 from rl_core.hookspecs import hookimpl
 from rl_core.protocols import MetricsLogger, RewardSource
 from rl_core.schema import Config
-from rl_core.specs import AlgorithmSpec, LoggerSpec, RewardSourceSpec
+from rl_core.specs import AlgorithmSpec, EnvironmentSpec, LoggerSpec, RewardSourceSpec
 
 
 @hookimpl
@@ -74,6 +74,29 @@ def rl_reward_sources() -> list[RewardSourceSpec]:
         _reward("exact_match", "ExactMatch", ExactMatchConfig, "1 if the response equals metadata[answer_key]"),
         _reward("number_match", "NumberMatch", NumberMatchConfig, "1 if the first number equals the answer"),
         _reward("regex", "RegexFormat", RegexConfig, "1 if the response matches a pattern"),
+    ]
+
+
+@hookimpl
+def rl_environments() -> list[EnvironmentSpec]:
+    from rl_core import environments as env
+
+    return [
+        EnvironmentSpec(
+            name="calculator",
+            factory=lambda options: env.Calculator(cfg=options or env.CalculatorConfig()),
+            config_class=env.CalculatorConfig,
+            stop_strings=("</calc>", "</answer>"),
+            description="two-digit sums with a calculator tool: <calc>a+b</calc>, then <answer>n</answer>",
+            package="rl-core",
+        ),
+        EnvironmentSpec(
+            name="guess_number",
+            factory=lambda options: env.GuessNumber(cfg=options or env.GuessNumberConfig()),
+            config_class=env.GuessNumberConfig,
+            description="guess a secret number with higher/lower replies",
+            package="rl-core",
+        ),
     ]
 
 

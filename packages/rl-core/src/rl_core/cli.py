@@ -140,7 +140,9 @@ def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:
     from rl_core.testing.certify import certify
 
     with tempfile.TemporaryDirectory(prefix="rl-core-certify-") as work:
-        card = certify(args.name, registry, kind=args.kind, quick=args.quick, options=args.option, work=Path(work))
+        card = certify(
+            args.name, registry, kind=args.kind, quick=args.quick, options=args.option, data=args.data, work=Path(work)
+        )
     if args.json:
         sys.stdout.write(json.dumps(card.as_dict(), indent=2) + "\n")
     else:  # a report card piped to a file is not squeezed into 80 columns
@@ -195,9 +197,14 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
 
     p = sub.add_parser("certify", help="check a training backend, rollout engine or reward source for silent wrongness")
     p.add_argument("name", help="the component's registered name (rl-core plugins lists them)")
-    p.add_argument("--kind", choices=["backend", "engine", "reward"], help="when a name is registered as several")
+    p.add_argument(
+        "--kind", choices=["backend", "engine", "reward", "environment"], help="when a name is registered as several"
+    )
     p.add_argument("--quick", action="store_true", help="fewer refit routes and batch splits (under 2 minutes)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a reward source's options")
+    p.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="a reward source's or environment's options"
+    )
+    p.add_argument("--data", type=Path, help="an environment's dataset rows (JSONL) to start episodes from")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_certify)
 

@@ -22,7 +22,7 @@ import yaml
 
 from rl_core.errors import ConfigError
 from rl_core.registry import FIRST_PARTY_SECTIONS, ComponentKind, Registry
-from rl_core.schema import Config, RewardConfig, RewardSourceConfig
+from rl_core.schema import Config, EnvironmentConfig, RewardConfig, RewardSourceConfig
 
 # ------------------------------------------------------------------------------------------------------------------
 # Loading
@@ -227,6 +227,7 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
             kind: ComponentKind = "rollout_engine" if "generation" in key else "training_backend"
             raise ConfigError(f"{key}.enabled is true, but {registry.why_missing(kind, component)}")
     sources = _pop_path(raw, "reward.sources") or []
+    environment = _environment(raw.pop("environment", None), registry)
     if "policy" not in raw or not isinstance(raw.get("policy"), Mapping) or "model_name" not in raw["policy"]:
         raise ConfigError("policy.model_name is required: a local Hugging Face folder, or tiny:qwen2-tiny")
     owned: dict[str, list[str]] = {}
@@ -235,7 +236,31 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
         owned.setdefault(f"{parent}." if parent else "", []).append(leaf)
     core = structure_section(Config, raw, "", owned)
     reward = RewardConfig(sources=tuple(_reward_source(i, s, registry) for i, s in enumerate(sources)))
-    return attrs.evolve(core, reward=reward, sections=sections)
+    return attrs.evolve(core, reward=reward, environment=environment, sections=sections)
+
+
+def _environment(entry: Any, registry: Registry) -> EnvironmentConfig:
+    """The ``environment`` section: the core's keys, and the named environment's own options (its class)."""
+    if entry is None:
+        return EnvironmentConfig()
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"environment must be a mapping, e.g. {{name: calculator, max_turns: 4}}, got {entry!r}")
+    core_keys = {f.name for f in attrs.fields(EnvironmentConfig)} - {"options"}
+    name = entry.get("name")
+    own = {k: v for k, v in entry.items() if k not in core_keys}
+    if name is None:
+        if own:
+            raise ConfigError(f"environment: options {sorted(own)} given, but no environment name (environment.name)")
+        return structure_section(EnvironmentConfig, dict(entry), "environment")
+    spec = registry.specs("environment").get(name)
+    if spec is None:
+        raise ConfigError(f"environment.name: {registry.why_missing('environment', name)}")
+    if spec.config_class is None and own:
+        raise ConfigError(f"environment {name!r} takes no options, got {sorted(own)}")
+    hint = {"environment.": sorted(core_keys)}  # a misspelt core key is suggested too
+    options = structure_section(spec.config_class, own, "environment", hint) if spec.config_class is not None else None
+    core = structure_section(EnvironmentConfig, {k: v for k, v in entry.items() if k in core_keys}, "environment")
+    return attrs.evolve(core, options=options)
 
 
 def _reward_source(index: int, entry: Any, registry: Registry) -> RewardSourceConfig:
@@ -260,10 +285,9 @@ def _reward_source(index: int, entry: Any, registry: Registry) -> RewardSourceCo
 
 def load_config(path: Path | None, overrides: Sequence[str], registry: Registry) -> Config:
     """Read ``path`` (or the built-in default recipe when None), apply ``overrides``, validate."""
-    if path is None:
-        from rl_core.recipes import default_recipe_path
+    from rl_core.recipes import default_recipe_path, resolve_recipe
 
-        path = default_recipe_path()
+    path = default_recipe_path() if path is None else resolve_recipe(str(path))  # builtin:NAME or a file
     data = _relative_to(read_yaml(Path(path)), Path(path).resolve().parent)
     return build_config(apply_overrides(data, overrides), registry)
 
@@ -286,8 +310,15 @@ def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def to_dict(config: Config) -> dict[str, Any]:
     """The resolved config as plain data, plugin sections put back at their dotted keys."""
-    out = _converter.unstructure(attrs.evolve(config, sections={}, reward=RewardConfig()))
+    out = _converter.unstructure(
+        attrs.evolve(config, sections={}, reward=RewardConfig(), environment=EnvironmentConfig())
+    )
     out.pop("sections", None)
+    env = config.environment
+    out["environment"] = {
+        **{k: v for k, v in _converter.unstructure(attrs.evolve(env, options=None)).items() if k != "options"},
+        **(_converter.unstructure(env.options) if env.options is not None else {}),
+    }
     out["reward"] = {
         "sources": [
             {"name": s.name, "weight": s.weight, **(_converter.unstructure(s.options) if s.options is not None else {})}

@@ -19,6 +19,7 @@ from rl_core.placement import Device
 if TYPE_CHECKING:
     from rl_core.checkpoint import CheckpointManager
     from rl_core.console import RunConsole
+    from rl_core.episodes import EnvironmentRunner
     from rl_core.hookspecs import HookRelay
     from rl_core.protocols import MetricsLogger, Reward, RewardSource, RolloutEngine, TrainingBackend
     from rl_core.registry import Registry
@@ -75,6 +76,18 @@ class RunContext:
     engine_asleep: bool = False
     #: refits so far in this process (the weight-sync check samples them).
     refits: int = 0
+    #: multi-turn episodes (``environment.name``); None: single-turn rollouts.
+    environment: EnvironmentRunner | None = None
+
+    def keep_trajectories(self, step: int, transcripts: Sequence[Mapping[str, Any]]) -> None:
+        """Every ``environment.save_trajectories_every`` steps, a few episodes to RUN_DIR/trajectories.jsonl."""
+        import json
+
+        every = self.config.environment.save_trajectories_every
+        if transcripts and every and step % every == 0:
+            with (self.run_dir / "trajectories.jsonl").open("a") as f:
+                for transcript in transcripts[:4]:
+                    f.write(json.dumps({"step": step, **transcript}) + "\n")
 
     @property
     def hook(self) -> HookRelay:

@@ -45,10 +45,45 @@ def parity_format_task(n: int, seed: int) -> list[Example]:
     return parity_task(n, seed, random_labels=True)
 
 
+def calculator_task(n: int, seed: int) -> list[Example]:
+    """ "Add 47+86." -> 133: sums of two-digit numbers, for the ``calculator`` environment."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        out.append({"prompt": f"Add {a}+{b}.", "answer": str(a + b)})
+    return out
+
+
+def calculator_format_task(n: int, seed: int) -> list[Example]:
+    """The calculator's SFT warm-up: transcripts that call the calculator and copy its result 40% of the time, and
+    guess an answer otherwise: the model learns the format and how to copy, and prefers guessing, so that its
+    greedy answers start all wrong and RL has to learn from rewards to use the tool."""
+    rng = random.Random(seed)
+    out = []
+    for row in calculator_task(n, seed):
+        expression = row["prompt"].removeprefix("Add ").removesuffix(".")
+        if rng.random() < 0.4:
+            response = f"<calc>{expression}</calc> = {row['answer']}\n<answer>{row['answer']}</answer>"
+        else:
+            response = f"<answer>{rng.randint(20, 198)}</answer>"
+        out.append({**row, "response": response})
+    return out
+
+
+def guess_number_task(n: int, seed: int) -> list[Example]:
+    """A secret number from 1 to 100 per row, for the ``guess_number`` environment."""
+    rng = random.Random(seed)
+    return [{"prompt": "Guess my number from 1 to 100. Guess:", "secret": rng.randint(1, 100)} for _ in range(n)]
+
+
 TASKS: dict[str, Callable[[int, int], list[Example]]] = {
     "parity": parity_task,
     "parity_format": parity_format_task,
     "addition": addition_task,
+    "calculator": calculator_task,
+    "calculator_format": calculator_format_task,
+    "guess_number": guess_number_task,
 }
 
 

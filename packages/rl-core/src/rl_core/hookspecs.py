@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rl_core.specs import (
         AlgorithmSpec,
         CliCommandSpec,
+        EnvironmentSpec,
         LoggerSpec,
         RewardSourceSpec,
         RolloutEngineSpec,
@@ -60,6 +61,12 @@ def rl_rollout_engines() -> list[RolloutEngineSpec]:
 def rl_reward_sources() -> list[RewardSourceSpec]:
     """Reward sources (in-process scorers or clients of a reward server), listed by name in ``reward.sources``.
     The reward server hosts the same records."""
+
+
+@hookspec
+def rl_environments() -> list[EnvironmentSpec]:
+    """Multi-turn environments, chosen by ``environment.name``. The core's ``calculator`` and ``guess_number``
+    register here."""
 
 
 @hookspec

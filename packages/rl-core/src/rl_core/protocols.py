@@ -51,6 +51,9 @@ class Rollout:
     #: log-probability of each sampled token under the engine's weights, one per ``token_ids`` entry.
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    #: multi-turn episodes: whether each of ``token_ids`` was sampled by the model (True) or is the environment's
+    #: (False, with logprob 0, and no loss); None: every token was sampled.
+    sampled: tuple[bool, ...] | None = None
 
 
 class LossFunction(Protocol[BatchT_contra]):
@@ -158,6 +161,35 @@ class RolloutEngine(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class Transition:
+    """What an environment answers to one model turn."""
+
+    #: text appended after the model's turn (a tool's output, a user's reply); "" for none.
+    observation: str
+    #: this turn's contribution to the episode's reward.
+    reward: float = 0.0
+    done: bool = False
+    #: the episode's state for the next step (whatever the environment keeps; it must pickle).
+    state: Any = None
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A multi-turn environment, stateless between calls: the episode's state travels with it, so that steps can
+    run in any process."""
+
+    def reset(self, row: Mapping[str, Any]) -> tuple[str, Any]:
+        """Start an episode from a dataset row: (the prompt's text, the episode's state)."""
+        ...
+
+    def step(self, state: Any, action: str) -> Transition:
+        """The environment's answer to the model's turn ``action`` (its text, as sampled, stop string included)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 Reward = float | Mapping[str, float]

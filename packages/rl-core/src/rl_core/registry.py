@@ -25,6 +25,7 @@ from rl_core.specs import (
     AlgorithmSpec,
     CliCommandSpec,
     ComponentSpec,
+    EnvironmentSpec,
     LoggerSpec,
     RewardSourceSpec,
     RolloutEngineSpec,
@@ -45,13 +46,16 @@ KINDS: dict[str, tuple[str, type, str]] = {
     "training_backend": ("rl_training_backends", TrainingBackendSpec, "training backend"),
     "rollout_engine": ("rl_rollout_engines", RolloutEngineSpec, "rollout engine"),
     "reward_source": ("rl_reward_sources", RewardSourceSpec, "reward source"),
+    "environment": ("rl_environments", EnvironmentSpec, "environment"),
     "algorithm": ("rl_algorithms", AlgorithmSpec, "algorithm"),
     "logger": ("rl_loggers", LoggerSpec, "logger"),
     "cli_command": ("rl_cli_commands", CliCommandSpec, "CLI command"),
 }
-Kind = Literal["training_backend", "rollout_engine", "reward_source", "algorithm", "logger", "cli_command"]
+Kind = Literal[
+    "training_backend", "rollout_engine", "reward_source", "environment", "algorithm", "logger", "cli_command"
+]
 #: the kinds whose records have a priority and a config section (``ComponentSpec``).
-ComponentKind = Literal["training_backend", "rollout_engine", "reward_source", "algorithm", "logger"]
+ComponentKind = Literal["training_backend", "rollout_engine", "reward_source", "environment", "algorithm", "logger"]
 
 #: First-party components and the plugin (entry-point name) and pip requirement that provide them. Used only to
 #: word errors when a component is missing; the core never imports these packages.
@@ -232,6 +236,8 @@ class Registry:
     @overload
     def specs(self, kind: Literal["reward_source"]) -> dict[str, RewardSourceSpec]: ...
     @overload
+    def specs(self, kind: Literal["environment"]) -> dict[str, EnvironmentSpec]: ...
+    @overload
     def specs(self, kind: Literal["algorithm"]) -> dict[str, AlgorithmSpec]: ...
     @overload
     def specs(self, kind: Literal["logger"]) -> dict[str, LoggerSpec]: ...
@@ -254,6 +260,8 @@ class Registry:
     def get(self, kind: Literal["rollout_engine"], name: str) -> RolloutEngineSpec: ...
     @overload
     def get(self, kind: Literal["reward_source"], name: str) -> RewardSourceSpec: ...
+    @overload
+    def get(self, kind: Literal["environment"], name: str) -> EnvironmentSpec: ...
     @overload
     def get(self, kind: Literal["algorithm"], name: str) -> AlgorithmSpec: ...
     @overload

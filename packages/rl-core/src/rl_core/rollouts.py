@@ -5,6 +5,7 @@ rollout metrics. Each algorithm file composes these top-down."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -52,6 +53,8 @@ class ScoredRollouts:
     rollouts: list[Rollout]  # P * G, grouped by prompt
     rewards: list[float]  # P * G
     metrics: dict[str, float]
+    #: multi-turn episodes: each one turn by turn (``rl_core.episodes``), for RUN_DIR/trajectories.jsonl
+    transcripts: list[dict[str, Any]] = attrs.Factory(list)
 
 
 def colocated(ctx: RunContext) -> bool:
@@ -67,17 +70,36 @@ def generate_and_score(
     rollout_micro_batch_size: int | None = None,
 ) -> ScoredRollouts:
     """``params.n`` rollouts per example, scored by the reward sources (in requests of ``rollout_micro_batch_size``
-    rollouts). Colocated on GPUs, the trainer is offloaded while the engine generates, and the engine sleeps
-    afterwards."""
+    rollouts), or, with an environment, ``params.n`` multi-turn episodes per example rewarded by it (and by the
+    reward sources, if any, on the whole transcript). Colocated on GPUs, the trainer is offloaded while the engine
+    generates, and the engine sleeps afterwards."""
     assert ctx.engine is not None
     with phases("generate"):
         if colocated(ctx):
             ctx.backend.offload()
             set_engine_awake(ctx, True)
-        rollouts = ctx.engine.generate(encode_prompts(ctx, examples), params)
+        if ctx.environment is not None:
+            from rl_core.episodes import run_episodes
+
+            rollouts, env_rewards, env_metrics, transcripts = run_episodes(ctx, ctx.environment, examples, params)
+        else:
+            rollouts = ctx.engine.generate(encode_prompts(ctx, examples), params)
         if colocated(ctx):
             set_engine_awake(ctx, False)
             ctx.backend.onload()
+    if ctx.environment is not None:
+        total, parts = list(env_rewards), dict(env_metrics)
+        if ctx.rewards:
+            meta = [examples[r.prompt_index] for r in rollouts]
+            with phases("score"):
+                more, parts_more = ctx.score(
+                    [""] * len(rollouts), [r.text for r in rollouts], meta, rollout_micro_batch_size
+                )
+            total, parts = [a + b for a, b in zip(total, more, strict=True)], {**parts, **parts_more}
+        parts["reward/environment"] = sum(env_rewards) / max(len(env_rewards), 1)
+        return ScoredRollouts(
+            examples=list(examples), rollouts=rollouts, rewards=total, metrics=parts, transcripts=transcripts
+        )
     key = ctx.config.data.prompt_key
     prompts = [examples[r.prompt_index][key] for r in rollouts]
     meta = [examples[r.prompt_index] for r in rollouts]
@@ -125,8 +147,9 @@ def set_engine_awake(ctx: RunContext, awake: bool) -> None:
 
 
 def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> PolicyGradientBatch:
-    """Token batch of prompt + response rows (cut at ``limit`` tokens): ``loss_mask`` on the response, the
-    engine's logprobs aligned as ``generation_logprobs``."""
+    """Token batch of prompt + response rows (cut at ``limit`` tokens): ``loss_mask`` on the response tokens the
+    model sampled (not on a multi-turn episode's environment tokens), the engine's logprobs aligned as
+    ``generation_logprobs``."""
     import torch
 
     rows = [(list(r.prompt_token_ids) + list(r.token_ids))[:limit] for r in rollouts]
@@ -136,7 +159,8 @@ def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> Polic
     for i, r in enumerate(rollouts):
         start = len(r.prompt_token_ids)
         end = min(start + len(r.token_ids), limit)
-        loss_mask[i, start:end] = 1.0
+        sampled = [1.0] * len(r.token_ids) if r.sampled is None else [float(s) for s in r.sampled]
+        loss_mask[i, start:end] = torch.tensor(sampled[: end - start], dtype=torch.float32)
         gen_logprobs[i, start:end] = torch.tensor(r.logprobs[: end - start], dtype=torch.float32)
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask, "generation_logprobs": gen_logprobs}
 

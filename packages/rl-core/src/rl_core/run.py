@@ -130,6 +130,15 @@ def build_components(
         check_micro_batching(config, rewards)
     loggers = make_loggers(config, registry, prepared.run_dir, stack)
     init_ray(config.cluster, verbose=console.verbose)
+    environment = None
+    if chosen.engine is not None and config.environment.name:
+        from rl_core.episodes import EnvironmentRunner
+
+        env_spec = registry.get("environment", config.environment.name)
+        environment = EnvironmentRunner(
+            env_spec.factory(config.environment.options), env_spec.name, config.environment, env_spec.stop_strings
+        )
+        stack.callback(environment.close)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.policy.tokenizer_name or config.policy.model_name)
@@ -156,6 +165,7 @@ def build_components(
         rewards=rewards,
         checkpoints=CheckpointManager(prepared.run_dir, config.checkpointing),
         loggers=loggers,
+        environment=environment,
     )
 
 

@@ -144,8 +144,12 @@ class DataConfig:
     #: JSONL file of held-out rows.
     val_path: str | None = None
     #: built-in synthetic task, used when no path is given: ``parity`` ("Even or odd? 4 8 1 7" -> " odd"),
-    #: ``parity_format`` (the same with coin-flip answers: a format-only SFT warm-up) or ``addition`` (single digits).
-    task: Literal["parity", "parity_format", "addition"] | None = None
+    #: ``parity_format`` (the same with coin-flip answers: a format-only SFT warm-up), ``addition`` (single digits),
+    #: ``calculator`` (two-digit sums, for the calculator environment), ``calculator_format`` (its SFT warm-up:
+    #: transcripts that use the calculator half the time and guess the other half) or ``guess_number``.
+    task: Literal["parity", "parity_format", "addition", "calculator", "calculator_format", "guess_number"] | None = (
+        None
+    )
     #: rows a built-in task generates for training / validation.
     num_train: int = attrs.field(default=2048, validator=_pos)
     num_val: int = attrs.field(default=64, validator=_pos)
@@ -167,6 +171,29 @@ class RewardSourceConfig:
 @attrs.frozen(kw_only=True)
 class RewardConfig:
     sources: tuple[RewardSourceConfig, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentConfig:
+    """Multi-turn episodes in an environment (``environment: {name: calculator, ...}``): the model's turn, the
+    environment's observation, again, up to ``max_turns``; unset ``name``, single-turn rollouts scored by
+    ``reward.sources``. Keys besides these are the environment's own options, validated by its class."""
+
+    #: a registered environment (``rl-core plugins`` lists them).
+    name: str | None = None
+    max_turns: int = attrs.field(default=4, validator=_pos)
+    #: model and environment tokens after the prompt, all turns together; an episode that reaches it ends.
+    max_total_tokens: int = attrs.field(default=256, validator=_pos)
+    #: tokens one model turn may sample; unset, ``policy.generation.max_new_tokens``.
+    max_tokens_per_turn: int | None = attrs.field(default=None, validator=attrs.validators.optional(_pos))
+    #: seconds one environment step may take; an episode whose step overruns (or raises) ends with that reason.
+    step_timeout_s: float = attrs.field(default=10.0, validator=_pos_float)
+    #: Ray actors that run the environment's steps (for isolation and parallel episodes); 0: in this process.
+    num_workers: int = attrs.field(default=0, validator=_nonneg)
+    #: write a few of a step's episodes, turn by turn, to RUN_DIR/trajectories.jsonl every this many steps (0: never).
+    save_trajectories_every: int = attrs.field(default=10, validator=_nonneg)
+    #: the environment's own options (validated by its class).
+    options: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -262,6 +289,7 @@ class Config:
     cluster: ClusterConfig = attrs.Factory(ClusterConfig)
     data: DataConfig = attrs.Factory(DataConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
+    environment: EnvironmentConfig = attrs.Factory(EnvironmentConfig)
     loss_fn: LossConfig = attrs.Factory(LossConfig)
     checkpointing: CheckpointingConfig = attrs.Factory(CheckpointingConfig)
     logger: LoggerConfig = attrs.Factory(LoggerConfig)

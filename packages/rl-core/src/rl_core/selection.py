@@ -19,6 +19,7 @@ class Selections:
     backend: Selection
     engine: Selection | None
     rewards: tuple[str, ...]
+    environment: str | None
     #: how weights reach the engine (a route, or how the route is chosen at each refit).
     route: str | None
 
@@ -28,7 +29,9 @@ class Selections:
         if self.engine is not None:
             out["rollout_engine"] = self.engine.describe()
             out["weight_transport"] = f"weight transport: {self.route}"
-            out["reward_sources"] = "reward sources: " + ", ".join(self.rewards)
+            out["reward_sources"] = "reward sources: " + (", ".join(self.rewards) or "none")
+            if self.environment:
+                out["environment"] = f"environment: {self.environment} (multi-turn episodes)"
         return out
 
 
@@ -60,14 +63,16 @@ def select_components(config: Config, registry: Registry, device: Device) -> Sel
             enabled=enabled_map(config, registry, "rollout_engine"),
             selector_key="policy.generation.backend",
         )
-        if not config.reward.sources:
+        if not config.reward.sources and not config.environment.name:
             raise InputError(
-                f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}]"
+                f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}], or an "
+                "environment (environment.name)"
             )
     return Selections(
         algorithm=algorithm,
         backend=backend,
         engine=engine,
         rewards=tuple(s.name for s in config.reward.sources),
+        environment=config.environment.name if engine is not None else None,
         route=route_description(config, device) if engine is not None else None,
     )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import argparse
 
     from rl_core.context import RunContext
-    from rl_core.protocols import MetricsLogger, RewardSource, RolloutEngine, TrainingBackend
+    from rl_core.protocols import Environment, MetricsLogger, RewardSource, RolloutEngine, TrainingBackend
     from rl_core.schema import Config
 
 
@@ -75,6 +75,16 @@ class RewardSourceSpec(ComponentSpec):
     """
 
     factory: Callable[[Any], RewardSource]
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentSpec(ComponentSpec):
+    """A multi-turn environment. ``factory(options) -> Environment``, ``options`` an instance of
+    ``config_class`` (the ``environment`` section's keys besides the core's), or None. ``stop_strings`` end a
+    model turn (the environment acts on the turn's text)."""
+
+    factory: Callable[[Any], Environment]
+    stop_strings: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

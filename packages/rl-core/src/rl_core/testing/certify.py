@@ -589,6 +589,63 @@ def certify_reward_source(source: RewardSource, *, card: Card | None = None) -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Environments
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def certify_environment(
+    env: Any, rows: Sequence[Mapping[str, Any]], actions: Sequence[str], *, card: Card | None = None
+) -> Card:
+    """Certify a multi-turn environment on dataset ``rows`` and model turns ``actions``: prompts are text, every
+    turn answers a ``Transition`` with a finite reward, states pickle (steps may run in other processes), the same
+    turn gives the same answer, and a row without the fields it needs is an ``InputError``."""
+    import pickle
+
+    from rl_core.protocols import Environment, Transition
+
+    card = card or Card("environment", type(env).__name__)
+    card.run("implements the protocol", "Environment", lambda: (isinstance(env, Environment), "yes"))
+    starts = [env.reset(row) for row in rows]
+
+    def prompts() -> tuple[bool, str]:
+        ok = all(isinstance(p, str) and p for p, _s in starts)
+        return ok, f"{len(starts)} prompts"
+
+    card.run("reset() gives a non-empty prompt text", "all", prompts)
+
+    def transitions() -> tuple[bool, str, str]:
+        bad = []
+        for (_p, state), action in zip(starts, actions, strict=False):
+            t = env.step(state, action)
+            if not isinstance(t, Transition) or not math.isfinite(t.reward) or not isinstance(t.observation, str):
+                bad.append(repr(t)[:80])
+        return not bad, f"{len(starts) - len(bad)}/{len(starts)}", "; ".join(bad[:2])
+
+    card.run("step() answers a Transition with a finite reward", "all", transitions)
+
+    def pickles() -> tuple[bool, str]:
+        for (_p, state), action in zip(starts, actions, strict=False):
+            again = pickle.loads(pickle.dumps(state))
+            if env.step(again, action) != env.step(state, action):
+                return False, "a state changed by pickling"
+        return True, "states round-trip"
+
+    card.run("states pickle and steps are deterministic", "equal", pickles)
+
+    def bad_row() -> tuple[bool, str]:
+        try:
+            env.reset({})
+        except InputError as exc:
+            return True, f"InputError: {str(exc)[:60]}"
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: expected an InputError naming the missing field"
+        return True, "an empty row is accepted (nothing required)"
+
+    card.run("a row without the fields it needs is an InputError", "InputError", bad_row)
+    return card
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # From the registry: what the command runs
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -600,12 +657,18 @@ def certify(
     kind: str | None = None,
     quick: bool = False,
     options: Sequence[str] = (),
+    data: Path | None = None,
     work: Path,
 ) -> Card:
     """Build the component ``name`` from the registry (a backend or engine over a tiny model, in fp32, on this
     machine's device; a reward source with ``options``, ``key=value`` each) and certify it."""
-    wanted = {"backend": "training_backend", "engine": "rollout_engine", "reward": "reward_source"}
-    kinds = [k for k in ("training_backend", "rollout_engine", "reward_source") if name in registry.specs(k)]
+    wanted = {
+        "backend": "training_backend",
+        "engine": "rollout_engine",
+        "reward": "reward_source",
+        "environment": "environment",
+    }
+    kinds = [k for k in wanted.values() if name in registry.specs(k)]  # type: ignore[call-overload]
     if kind is not None:
         kinds = [k for k in kinds if k == wanted[kind]]
     if not kinds:
@@ -615,23 +678,44 @@ def certify(
     which = kinds[0]
     if which == "reward_source":
         return certify_reward_source(_reward_source(name, registry, options), card=Card("reward source", name))
+    if which == "environment":
+        return _certify_environment(name, registry, options, data)
     return _certify_ray_component(which, name, registry, quick=quick, work=work)
 
 
-def _reward_source(name: str, registry: Registry, options: Sequence[str]) -> RewardSource:
+def _certify_environment(name: str, registry: Registry, options: Sequence[str], data: Path | None) -> Card:
+    """On the first rows of ``data`` (JSONL), else of the built-in task of the same name, and a few plain turns."""
+    from rl_core.data import TASKS, load_jsonl
+
+    spec = registry.get("environment", name)
+    env = spec.factory(_options(spec.config_class, name, options))
+    if data is not None:
+        rows = load_jsonl(data)[:8]
+    elif name in TASKS:
+        rows = TASKS[name](8, 0)
+    else:
+        raise InputError(f"give rows for environment {name!r} to start episodes from: --data ROWS.jsonl")
+    actions = ["<calc>12+30</calc>", "<answer>42</answer>", "50", "7", "", "hello", "<calc>1*2-3</calc>", "99"]
+    return certify_environment(env, rows, actions, card=Card("environment", name))
+
+
+def _options(config_class: type | None, name: str, options: Sequence[str]) -> Any:
     import yaml
 
     from rl_core.config import structure_section
 
-    spec = registry.get("reward_source", name)
     given = {}
     for item in options:
         key, sep, value = item.partition("=")
         if not sep:
             raise InputError(f"--option {item!r}: give key=value")
         given[key] = yaml.safe_load(value)
-    cfg = structure_section(spec.config_class, given, f"reward source {name}") if spec.config_class else None
-    return spec.factory(cfg)
+    return structure_section(config_class, given, name) if config_class else None
+
+
+def _reward_source(name: str, registry: Registry, options: Sequence[str]) -> RewardSource:
+    spec = registry.get("reward_source", name)
+    return spec.factory(_options(spec.config_class, f"reward source {name}", options))
 
 
 def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: bool, work: Path) -> Card:
