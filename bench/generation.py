@@ -88,16 +88,21 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
         config = load_config(None, overrides, registry)
         init_ray(config.cluster, verbose=False)
         engine = make_engine(config, config.section("policy.generation.vllm_cfg"))
+        from rl_rollout_hf.engine import make_engine as make_hf_engine
+
+        hf_engine = make_hf_engine(config, config.section("policy.generation.hf_cfg"))
         backend = make_backend(config, config.section("policy.dtensor_cfg"))
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         params = SamplingParams(n=1, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0)
         engine.generate(ids, params)  # warm-up (compilation)
         hf_generate(hf, tokenizer, ids[:2])
 
-        def ours() -> list[float]:
+        def ours(eng: Any = engine) -> list[float]:
             start = time.perf_counter()
-            out = engine.generate(ids, params)
+            out = eng.generate(ids, params)
             return [sum(len(r.token_ids) for r in out) / (time.perf_counter() - start)]
+
+        ours(hf_engine)  # warm-up
 
         def baseline() -> list[float]:
             seconds, tokens = hf_generate(hf, tokenizer, ids)
@@ -109,7 +114,8 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
             engine.update_weights(backend.weights_for_refit(route))
             return [time.perf_counter() - start]
 
-        rates = alternate({"vllm": ours, "hf": baseline}, reps)
+        rates = alternate({"vllm": ours, "hf_engine": lambda: ours(hf_engine), "hf": baseline}, reps)
+        hf_engine.shutdown()
         size = engine.update_weights(backend.weights_for_refit(RefitRoute())).num_bytes  # also a warm-up
         refit("broadcast")  # warm-up: forms the broadcast group
         routes = {
@@ -125,6 +131,7 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
     return {
         "model": name,
         "vllm_tokens_per_s": stats(rates["vllm"]),
+        "hf_engine_tokens_per_s": stats(rates["hf_engine"]),
         "hf_tokens_per_s": stats(rates["hf"]),
         "refit_bytes": size,
         "refit_s": r,
@@ -158,8 +165,16 @@ def main() -> None:
             )
         )
         size = res["refit_bytes"]
+        e = res["hf_engine_tokens_per_s"]
         gen_rows.append(
-            (res["model"], f"{v['median']:.0f}", f"{h['median']:.0f}", f"**{v['median'] / h['median']:.2f}x**")
+            (
+                res["model"],
+                f"{v['median']:.0f}",
+                f"{e['median']:.0f}",
+                f"{h['median']:.0f}",
+                f"**{v['median'] / h['median']:.2f}x**",
+                f"**{v['median'] / e['median']:.2f}x**",
+            )
         )
         refit_rows.append(
             (
@@ -177,9 +192,17 @@ def main() -> None:
         "generation",
         {"results": results},
         gen_rows,
-        ("model", "vLLM tok/s", "HF generate tok/s", "vLLM / HF"),
+        (
+            "model",
+            "vLLM engine tok/s",
+            "rl-rollout-hf engine tok/s",
+            "bare HF generate tok/s",
+            "vLLM / bare HF",
+            "vLLM / hf engine",
+        ),
         notes=f"{PROMPTS} prompts x {NEW_TOKENS} new tokens, sampling at temperature 1, fp32, medians of {args.reps} "
-        "alternating runs.",
+        "alternating runs. The two engines each run in a Ray actor with the machine's cores (one replica); bare HF "
+        "generate runs in the benchmark process. What the rl-rollout-hf engine trades for needing no vLLM.",
     )
     write(
         "refit",

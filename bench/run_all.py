@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHMARKS = ["reward_server.py", "train_throughput.py", "generation.py", "grpo_vs_trl.py"]
+# (bench/gpu.py needs a CUDA GPU: docs/gpu.md)
+BENCHMARKS = ["reward_server.py", "train_throughput.py", "generation.py", "grpo_vs_trl.py", "async_grpo.py"]
 
 if __name__ == "__main__":
     only = sys.argv[1:] or BENCHMARKS
