@@ -9,15 +9,7 @@ from pathlib import Path
 from rl_backend_megatron.config import MegatronConfig
 from rl_backend_megatron.convert import convert_once
 from rl_backend_megatron.worker import DIST_CHECKPOINT
-from rl_core.api import (
-    Config,
-    ConfigError,
-    GroupBackend,
-    WorkerGroup,
-    check_model_folder,
-    detected_device,
-    policy_layout,
-)
+from rl_core.api import Config, ConfigError, GroupBackend, check_model_folder, start_ranks
 
 log = logging.getLogger(__name__)
 
@@ -47,31 +39,8 @@ def make_backend(config: Config, section: MegatronConfig) -> GroupBackend:
             f"policy.megatron_cfg.pipeline_model_parallel_size ({pp}) must divide the model's {layers} layers"
         )
     converted = convert_once(Path(policy.model_name), force=section.force_reconvert_from_hf, log=log.info)
-    device = detected_device(config)
-    group = WorkerGroup(
-        MegatronWorker,
-        policy_layout(config, device),
-        lambda rank: dict(
-            rank=rank,
-            world_size=policy.num_workers,
-            model_path=policy.model_name,
-            converted=str(converted),
-            policy=policy,
-            cfg=section,
-            seed=config.seed,
-            device=device,
-        ),
-        name="policy",
-        placement=config.cluster.placement,
-        required_paths=[policy.model_name, str(converted)],
-        log_dir=Path(config.run_dir).resolve() / "logs",
-    )
-    try:
-        master = group.get([group.actors[0].address.remote()])[0]
-        workers = group.call("setup", *master)
-    except BaseException:
-        group.shutdown()
-        raise
+    args = {"converted": str(converted), "cfg": section}
+    group, workers = start_ranks(MegatronWorker, config, args, required_paths=[policy.model_name, str(converted)])
     # one rank per data-parallel group reports results: tensor-parallel rank 0 of the last pipeline stage
     return GroupBackend(
         group,

@@ -19,7 +19,7 @@ from rl_core import batch
 from rl_core.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
 from rl_core.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
 from rl_core.config import structure_section
-from rl_core.driver import GroupBackend, GroupEngine, Sample
+from rl_core.driver import GroupBackend, GroupEngine, Sample, start_ranks
 from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
 from rl_core.hookspecs import hookimpl
 from rl_core.models import check_model_folder, resolve_model_path
@@ -146,6 +146,7 @@ __all__ = [
     "received_stats",
     "replicas_stats",
     "resolve_model_path",
+    "start_ranks",
     "structure_section",
     "thread_budget",
 ]

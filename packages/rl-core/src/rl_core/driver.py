@@ -33,13 +33,49 @@ from rl_core.batch import BatchT, TokenBatch, TokenBatchT
 from rl_core.errors import InputError
 from rl_core.protocols import Rollout, SamplingParams
 from rl_core.refit import RefitPayload, RefitRoute, RefitStats, replicas_stats
-from rl_core.schema import PolicyConfig
+from rl_core.schema import Config, PolicyConfig
 
 if TYPE_CHECKING:
     import torch
 
     from rl_core.cluster import WorkerGroup
     from rl_core.protocols import LossFunction
+
+
+def start_ranks(
+    worker_cls: type, config: Config, args: Mapping[str, Any], *, required_paths: Sequence[str]
+) -> tuple[WorkerGroup, list[Any]]:
+    """The policy's ranks: a ``worker_cls`` actor per rank (placed by ``policy_layout``), each built with
+    ``rank``, ``world_size``, ``model_path``, ``policy``, ``seed``, ``device`` and ``args``; then torch.distributed
+    set up through rank 0's ``address() -> (host, port)`` and every rank's ``setup(host, port)``. Returns the
+    group and each rank's ``setup`` answer; nothing is left running if any of it fails."""
+    from rl_core.cluster import WorkerGroup
+    from rl_core.placement import detected_device, policy_layout
+
+    policy, device = config.policy, detected_device(config)
+    group = WorkerGroup(
+        worker_cls,
+        policy_layout(config, device),
+        lambda rank: dict(
+            rank=rank,
+            world_size=policy.num_workers,
+            model_path=policy.model_name,
+            policy=policy,
+            seed=config.seed,
+            device=device,
+            **args,
+        ),
+        name="policy",
+        placement=config.cluster.placement,
+        required_paths=required_paths,
+        log_dir=Path(config.run_dir).resolve() / "logs",
+    )
+    try:
+        master = group.get([group.actors[0].address.remote()])[0]
+        return group, group.call("setup", *master)
+    except BaseException:
+        group.shutdown()
+        raise
 
 
 class GroupBackend:
