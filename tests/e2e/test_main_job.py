@@ -66,12 +66,17 @@ def wait_gone(processes: list, seconds: float = 30.0) -> list:
     return alive
 
 
-def test_default_recipe_improves_heldout_reward(tmp_path: Path):
-    out = finish(start(tmp_path / "run"))
-    assert "training backend: dtensor (priority 100" in out and "rollout engine: vllm" in out
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
+    """The README's main job, with vLLM (the default) and with the Hugging Face generate engine."""
+    overrides = [] if engine == "vllm" else ["policy.generation.backend=hf"]
+    begun = time.monotonic()
+    out = finish(start(tmp_path / "run", *overrides))
+    assert "training backend: dtensor (priority 100" in out and f"rollout engine: {engine}" in out
+    assert "warning" not in out.lower() and all(len(line) < 400 for line in out.splitlines()), out[-3000:]
     rows = metrics(tmp_path / "run")
     before, after = rows[0]["val/reward"], rows[max(rows)]["val/reward"]
-    print(f"held-out reward before GRPO {before:.3f}, after {after:.3f}")
+    print(f"{engine}: held-out reward before GRPO {before:.3f}, after {after:.3f}, {time.monotonic() - begun:.0f} s")
     assert after >= before + 0.2, f"held-out reward did not rise enough: {before:.3f} -> {after:.3f}"
 
 

@@ -183,3 +183,23 @@ def test_dpo_reference_free_average_and_sft_term():
     fn = DPOLoss(beta=1.0, reference_free=True, average_log_probs=True, sft_loss_weight=0.1)
     loss, _ = fn(batch, logprobs, 1.0)
     assert float(loss) == pytest.approx(math.log1p(math.exp(-0.5)) + 0.1)
+
+
+@pytest.mark.parametrize("loss", ["pg", "nll", "dpo"])
+def test_a_batch_left_on_another_device_is_named_by_the_loss(loss):
+    """What failed in the Megatron worker on CUDA (its micro-batches stayed on the CPU): the loss now names the key
+    instead of a device-mismatch error deep in autograd."""
+    from rl_core.errors import InputError
+    from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss
+
+    batch = {
+        "input_ids": torch.zeros(2, 3, dtype=torch.long),
+        "attention_mask": torch.ones(2, 3, dtype=torch.long),
+        "loss_mask": torch.ones(2, 3),
+        "advantages": torch.ones(2, 3),
+        "reference_logprobs": torch.zeros(2, 3),
+    }
+    fn = {"pg": ClippedPGLoss(), "nll": NLLLoss(), "dpo": DPOLoss()}[loss]
+    elsewhere = torch.zeros(2, 3, device="meta")
+    with pytest.raises(InputError, match=r"batch\['input_ids'\] is on cpu but the logprobs are on meta"):
+        fn(batch, elsewhere, 1.0)
