@@ -62,3 +62,11 @@ def start_server() -> Iterator[Callable[..., Server]]:
     yield start
     for s in servers:
         s.kill()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path: Path):
+    """The tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)

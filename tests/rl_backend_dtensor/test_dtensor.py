@@ -19,13 +19,6 @@ from rl_core.testing.conformance import check_training_backend, hf_logprobs, sam
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
 def make_backend(rl_registry, model: Path, tmp_path: Path, *overrides: str):
     from rl_backend_dtensor.backend import make_backend as make
 

@@ -57,13 +57,6 @@ def backend(ray_session, config, engine):
     be.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
 def encode(tokenizer):
     return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
 

@@ -62,13 +62,6 @@ def backend(ray_session, config, engine):
     be.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
 def rollouts_and_batch(engine, tokenizer, seed):
     from rl_core.rollouts import rollout_batch
 
