@@ -117,6 +117,20 @@ def test_on_policy_kl_approximation_weights_kl_by_ratio():
     assert float(loss) == pytest.approx(2.0)
 
 
+def test_engine_logprob_drift_is_reported_without_gradient():
+    # trainer logprobs [-1, -2, -3 (masked)], engine's [-1.5, -2, -9]: d = [0.5, 0, masked]
+    # mean |d| = 0.5 / 2; k3 = exp(d) - d - 1 = [e^0.5 - 1.5, 0] -> (e^0.5 - 1.5) / 2
+    batch, logprobs = pg_batch([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], prev=[-1.0, -2.0, -3.0])
+    batch["loss_mask"] = torch.tensor([[1.0, 1.0, 0.0]])
+    batch["generation_logprobs"] = torch.tensor([[-1.5, -2.0, -9.0]], dtype=torch.float64)
+    logprobs.requires_grad_(True)
+    loss_fn = ClippedPGLoss()
+    _, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))
+    assert float(metrics["engine_logprob_abs_diff"]) == pytest.approx(0.25)
+    assert float(metrics["engine_logprob_kl"]) == pytest.approx((math.exp(0.5) - 1.5) / 2)
+    assert not metrics["engine_logprob_kl"].requires_grad
+
+
 def test_token_level_vs_sequence_level_normalisation():
     # Plain REINFORCE per-token loss = -A * logp with logp = -1: the loss per token is A.
     # row 0: one valid token, A = 1; row 1: three valid tokens, A = 3.

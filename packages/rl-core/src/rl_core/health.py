@@ -1,10 +1,12 @@
 """Health checks in every run: silent wrongness made loud.
 
-- **Logprob mismatch**: on every step where the trainer's logprobs of the sampled tokens are at hand (importance
-  sampling, several updates per batch) and every ``health.logprob_mismatch_every`` steps otherwise, the mean
-  absolute difference between the engine's and the trainer's logprobs (``health/logprob_mismatch``) and a k3
-  estimate of KL(engine || trainer) (``health/logprob_kl``). Above ``health.logprob_mismatch_warn`` a step
-  warns; above ``health.logprob_mismatch_stop`` the run stops, naming the engine.
+- **Logprob mismatch**: the mean absolute difference between the engine's and the trainer's logprobs of the
+  sampled tokens under the same weights (``health/logprob_mismatch``) and a k3 estimate of KL(engine || trainer)
+  (``health/logprob_kl``), on every step where the trainer computes those logprobs anyway (the training forward
+  of a step with one optimizer update reports them through the loss; a step with several updates computes them
+  first for the PPO ratio) and every ``health.logprob_mismatch_every`` steps otherwise. Above
+  ``health.logprob_mismatch_warn`` a step warns; above ``health.logprob_mismatch_stop`` the run stops, naming the
+  engine.
 - **Weight sync**: every ``health.verify_refit_every``-th refit carries per-tensor checksums, which every engine
   process must report back for what it received (``rl_core.refit``); a difference stops the run (or warns).
 """
@@ -42,7 +44,19 @@ def logprob_mismatch(
     gen, train = generation_logprobs[keep].double(), trainer_logprobs[keep].double()
     mean_abs = float((gen - train).abs().mean())
     log_ratio = train - gen  # k3 estimate of KL(engine || trainer) from the engine's samples
-    kl = float((torch.exp(log_ratio) - log_ratio - 1).mean())
+    return judge_mismatch(ctx, mean_abs, float((torch.exp(log_ratio) - log_ratio - 1).mean()))
+
+
+def engine_drift(train_metrics: dict[str, float]) -> tuple[float, float] | None:
+    """Take the engine-vs-trainer logprob metrics the policy-gradient loss reported out of ``train_metrics``: the
+    mean absolute difference and the KL estimate (``rl_core.losses.ClippedPGLoss``), if it reported them."""
+    if "engine_logprob_abs_diff" not in train_metrics:
+        return None
+    return train_metrics.pop("engine_logprob_abs_diff"), train_metrics.pop("engine_logprob_kl")
+
+
+def judge_mismatch(ctx: RunContext, mean_abs: float, kl: float) -> dict[str, float]:
+    """The mismatch metrics, with the warn/stop thresholds applied."""
     cfg = ctx.config.health
     where = (
         f"the rollout engine {_engine_name(ctx)} returns logprobs that differ from the trainer's by {mean_abs:.4g} "

@@ -88,6 +88,8 @@ class ClippedPGLoss:
         kl  = k(logp, logp_ref)                see ``kl_estimate``
         kl *= exp(logp - logp_prev)            if use_on_policy_kl_approximation (no gradient through the weight)
         l   = w * (pg + beta * kl)
+        d   = logp - logp_gen                  reported (no gradient), where the engine's logprobs are in the batch:
+                                               mean |d| and the k3 estimate exp(d) - d - 1 of KL(engine || trainer)
 
     Token level: ``loss = sum_{b,t} m_bt l_bt / N_tokens``. Sequence level: ``loss = sum_b (sum_t m_bt l_bt /
     sum_t m_bt) / N_sequences``. ``N`` is the global count (``count``).
@@ -144,6 +146,10 @@ class ClippedPGLoss:
             metrics["kl"] = self._reduce(kl.detach() * weight, mask, normalizer)
         per_token = weight * per_token  # [B, T]
         loss = self._reduce(per_token, mask, normalizer)
+        if "generation_logprobs" in batch:  # the engine's logprobs against these, at no extra cost
+            drift = torch.where(mask > 0, logprobs.detach() - batch["generation_logprobs"], 0.0)  # [B, T]
+            metrics["engine_logprob_abs_diff"] = self._reduce(drift.abs(), mask, normalizer)
+            metrics["engine_logprob_kl"] = self._reduce(torch.exp(drift) - drift - 1, mask, normalizer)
         metrics["pg_loss"] = self._reduce((weight * pg).detach(), mask, normalizer)
         metrics["ratio"] = self._reduce(ratio.detach(), mask, normalizer)
         metrics["loss"] = loss.detach()

@@ -262,8 +262,8 @@ class HealthConfig:
     logprob_mismatch_warn: float = attrs.field(default=0.1, validator=_nonneg_float)
     #: above which the run stops with a message naming the engine (null: never stop).
     logprob_mismatch_stop: float | None = 1.0
-    #: when a step does not compute the trainer's logprobs anyway (no importance-sampling correction, no
-    #: several updates per batch), compute them for the mismatch every this many steps (0: only when computed).
+    #: when a step does not compute the trainer's logprobs of the engine's samples anyway (several updates per
+    #: batch without the PPO ratio), compute them for the mismatch every this many steps (0: only when computed).
     logprob_mismatch_every: int = attrs.field(default=5, validator=_nonneg)
     #: verify the weights every engine process received (per-tensor checksums) every this many refits, the first
     #: included (1: every refit, which ``--debug`` sets; 0: never).

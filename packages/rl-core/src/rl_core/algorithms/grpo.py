@@ -7,8 +7,9 @@ then the new weights are refit into the rollout engine.
 
 Departures from the textbook, stated up front:
 - The "previous" logprobs are recomputed by the trainer only when they can differ from the current ones (more
-  than one optimizer step per batch, or importance-sampling correction on); with a single optimizer step they are
-  the current logprobs, detached, and the forward pass is saved.
+  than one optimizer step per batch); with a single optimizer step they are the current logprobs, detached, for
+  the PPO ratio and the importance weights alike, and the forward pass is saved. The engine-vs-trainer logprob
+  check then comes from the training forward too (``rl_core.health``).
 - DAPO dynamic sampling drops prompt groups whose rewards are all equal and draws more prompts, at most
   ``dynamic_sampling_max_gen_batches`` draws per step; if the batch is still short, the step trains on what it has.
 - DAPO overlong filtering masks truncated responses out of the loss; overlong reward shaping adds a linear
@@ -36,7 +37,7 @@ from rl_core import advantages as adv
 from rl_core.context import Phases, RunContext
 from rl_core.data import EpochSampler
 from rl_core.errors import ConfigError
-from rl_core.health import logprob_mismatch, mismatch_due
+from rl_core.health import engine_drift, judge_mismatch, logprob_mismatch, mismatch_due
 from rl_core.loops import prefixed, run_loop
 from rl_core.losses import ClippedPGLoss
 from rl_core.producer import RolloutProducer, from_plain, generating_version
@@ -175,8 +176,9 @@ def train_on(
     batch["sample_mask"] = valid.view(-1).float()  # [B]
     lcfg = loss_fn.cfg
     several_updates = ctx.config.policy.train_global_batch_size < P * G
-    need_prev = not lcfg.disable_ppo_ratio and (several_updates or lcfg.use_importance_sampling_correction)
-    check = on_policy and mismatch_due(ctx, step)
+    need_prev = not lcfg.disable_ppo_ratio and several_updates
+    # with one update the training forward reports the mismatch; with several only its first update is on-policy
+    check = on_policy and several_updates and (need_prev or mismatch_due(ctx, step))
     health: dict[str, float] = {}
     if need_prev or check:
         with phases("logprobs"):
@@ -190,6 +192,9 @@ def train_on(
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
+    drift = engine_drift(train_metrics)
+    if drift is not None and on_policy and not several_updates:
+        health = judge_mismatch(ctx, *drift)
     return {
         "reward_shaped": float(rewards.mean()),
         "prompts": float(P),

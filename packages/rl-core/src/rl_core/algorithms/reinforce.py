@@ -27,7 +27,7 @@ import attrs
 from rl_core import advantages as adv
 from rl_core.context import Phases, RunContext
 from rl_core.data import EpochSampler
-from rl_core.health import logprob_mismatch
+from rl_core.health import engine_drift, logprob_mismatch
 from rl_core.loops import prefixed, run_loop
 from rl_core.losses import ClippedPGLoss
 from rl_core.rollouts import (
@@ -96,6 +96,7 @@ def reinforce_step(
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
+    engine_drift(train_metrics)  # measured before the update, above
     with phases("refit"):
         refit_stats = refit(ctx)
     kl = ((logprobs - reference) * batch["loss_mask"]).sum(1).mean()
