@@ -153,6 +153,13 @@ def main() -> None:
         "engine; seconds per step as the trainer sees it (median of the steps after the first). Off-policy modes "
         "split the 2 cores between trainer and engine while they overlap."
     )
+    if "one_step" in tp and tp["sync"]["phases_s"].get("train"):
+        slower = tp["one_step"]["phases_s"]["train"] / tp["sync"]["phases_s"]["train"]
+        notes += (
+            f" Where the time goes: training on its share of the cores takes {slower:.2f}x as long as on all of "
+            f"them, more than the {tp['sync']['phases_s']['generate']:.2f} s of generation that overlap hides, "
+            "because both phases are compute-bound on the same cores; on GPUs the engine has devices of its own."
+        )
     if "curves" in result:
         ends = ", ".join(
             f"{m} {v['val_reward_end']:.3f} after {v['grpo_seconds']:.0f} s" for m, v in result["curves"].items()
