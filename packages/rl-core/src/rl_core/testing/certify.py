@@ -124,9 +124,6 @@ class _Reference:
     def __init__(self, model_path: Path) -> None:
         import torch
         from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.original = {k: v.clone() for k, v in self.model.state_dict().items()}
@@ -720,11 +717,13 @@ def _reward_source(name: str, registry: Registry, options: Sequence[str]) -> Rew
 
 def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: bool, work: Path) -> Card:
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from rl_core.cluster import init_ray
     from rl_core.config import load_config
     from rl_core.tiny_models import ensure_tiny_model
 
+    hf_logging.disable_progress_bar()  # the reference forwards' "Loading weights" bars, above the report card
     model = ensure_tiny_model("qwen2-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model)
     selector = "policy.backend" if which == "training_backend" else "policy.generation.backend"
