@@ -67,6 +67,8 @@ def test_selection_by_priority_and_explicit_override():
         reg.select("training_backend", explicit=None, enabled={"lo": False, "hi": False}, selector_key="policy.backend")
     with pytest.raises(PluginError, match="no training backend named 'nope'"):
         reg.select("training_backend", explicit="nope", enabled={}, selector_key="policy.backend")
+    with pytest.raises(PluginError, match=r"named 'hii' is installed \(available: hi, lo\)\. Did you mean 'hi'\?"):
+        reg.select("training_backend", explicit="hii", enabled={}, selector_key="policy.backend")
 
 
 def test_builtins_register_through_the_same_hooks():

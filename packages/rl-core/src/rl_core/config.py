@@ -10,7 +10,6 @@ their records; those are validated by the plugin's class and reached with ``Conf
 from __future__ import annotations
 
 import copy
-import difflib
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ import attrs
 import cattrs
 import yaml
 
-from rl_core.errors import ConfigError
+from rl_core.errors import ConfigError, closest
 from rl_core.registry import FIRST_PARTY_SECTIONS, ComponentKind, Registry
 from rl_core.schema import Config, EnvironmentConfig, RewardConfig, RewardSourceConfig
 
@@ -149,8 +148,8 @@ def check_keys(cls: type, data: Any, prefix: str, extra: Mapping[str, Sequence[s
     for key, value in data.items():
         if key not in names:
             candidates = [*names, *extra.get(prefix, ())]
-            close = difflib.get_close_matches(str(key), candidates, n=1, cutoff=0.6)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(candidates)}"
+            close = closest(str(key), candidates)
+            hint = f"; did you mean '{prefix}{close}'?" if close else f"; valid keys: {', '.join(candidates)}"
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
         for sub in _attrs_classes_in(hints[key]):
             items = value if isinstance(value, list) else [value]
@@ -176,8 +175,8 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
     choices = _literal_choices(type_)
     if choices:
         given = message.split(" not in literal", 1)[0]
-        close = difflib.get_close_matches(given, [str(c) for c in choices], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(given, choices)
+        hint = f"; did you mean {close!r}?" if close else ""
         return f"must be one of {', '.join(repr(c) for c in choices)} (got {given!r}){hint}"
     if isinstance(exc, ValueError) and message and not message.startswith(("invalid literal", "could not convert")):
         return message

@@ -20,7 +20,7 @@ import attrs
 import pluggy
 
 from rl_core import hookspecs
-from rl_core.errors import PluginError
+from rl_core.errors import PluginError, closest
 from rl_core.specs import (
     AlgorithmSpec,
     CliCommandSpec,
@@ -303,7 +303,9 @@ class Registry:
         hint = f" Install it: pip install '{package}'." if package else ""
         failed = sorted(p.name for p in self.plugins.values() if p.status == "failed")
         also = f" Plugins that failed to import: {', '.join(failed)} (rl-core plugins shows why)." if failed else ""
-        return f"no {words} named {name!r} is installed (available: {available}).{hint}{also}"
+        close = closest(name, self._components[kind])
+        meant = f" Did you mean {close!r}?" if close else ""
+        return f"no {words} named {name!r} is installed (available: {available}).{meant}{hint}{also}"
 
     def section_classes(self) -> dict[str, type]:
         """Config sections contributed by registered components: ``config_key -> config_class``."""
