@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from grpo_vs_trl import GENERATIONS, LR, NEW_TOKENS, PROMPTS, TRL
+from grpo_vs_trl import GENERATIONS, NEW_TOKENS, PROMPTS, TRL, grpo_overrides
 from harness import ROOT, stats, write
 
 from rl_core.tiny_models import ensure_tiny_model
@@ -47,22 +47,11 @@ def run(overrides: list[str], run_dir: Path, registry: Any) -> list[dict[str, fl
 def throughput(steps: int, registry: Any, work: Path) -> dict[str, Any]:
     model = ensure_tiny_model("qwen2-small")
     common = [
-        "warmup_recipe=null",
-        f"policy.model_name={model}",
-        f"policy.train_global_batch_size={PROMPTS * GENERATIONS}",
-        f"policy.train_micro_batch_size={PROMPTS * GENERATIONS}",
-        f"policy.logprob_batch_size={PROMPTS * GENERATIONS}",
-        "policy.max_total_sequence_length=128",
-        f"policy.optimizer.lr={LR}",
-        f"policy.generation.max_new_tokens={NEW_TOKENS}",
-        f"grpo.num_prompts_per_step={PROMPTS}",
-        f"grpo.num_generations_per_prompt={GENERATIONS}",
+        *grpo_overrides(model),
         f"grpo.max_num_steps={steps}",
         "grpo.val_at_start=false",
         f"grpo.val_period={steps + 1}",
         "grpo.max_val_samples=1",
-        "checkpointing.enabled=false",
-        "checkpointing.export_final_hf=false",
     ]
     out = {}
     for mode, extra in MODES.items():

@@ -32,6 +32,24 @@ PHASES = ("generate", "score", "logprobs", "reference_logprobs", "train", "refit
 PRECISIONS = {"fp32": [], "bf16": ["policy.precision=bfloat16", "policy.dtensor_cfg.mixed_precision=true"]}
 
 
+def grpo_overrides(model: Path | str) -> list[str]:
+    """Our side of the comparison (the same batch, lengths and learning rate as TRL's), without checkpoints."""
+    return [
+        "warmup_recipe=null",
+        f"policy.model_name={model}",
+        f"policy.train_global_batch_size={PROMPTS * GENERATIONS}",
+        f"policy.train_micro_batch_size={PROMPTS * GENERATIONS}",
+        f"policy.logprob_batch_size={PROMPTS * GENERATIONS}",
+        "policy.max_total_sequence_length=128",
+        f"policy.optimizer.lr={LR}",
+        f"policy.generation.max_new_tokens={NEW_TOKENS}",
+        f"grpo.num_prompts_per_step={PROMPTS}",
+        f"grpo.num_generations_per_prompt={GENERATIONS}",
+        "checkpointing.enabled=false",
+        "checkpointing.export_final_hf=false",
+    ]
+
+
 class Ours:
     """Our GRPO loop kept warm across repetitions (Ray, the engine and the trainer start once)."""
 
@@ -48,19 +66,8 @@ class Ours:
             None,
             [
                 f"run_dir={run_dir}",
-                "warmup_recipe=null",
-                f"policy.model_name={model}",
-                f"policy.train_global_batch_size={PROMPTS * GENERATIONS}",
-                f"policy.train_micro_batch_size={PROMPTS * GENERATIONS}",
-                f"policy.logprob_batch_size={PROMPTS * GENERATIONS}",
-                "policy.max_total_sequence_length=128",
-                f"policy.optimizer.lr={LR}",
-                f"policy.generation.max_new_tokens={NEW_TOKENS}",
+                *grpo_overrides(model),
                 f"loss_fn.reference_policy_kl_penalty={beta}",
-                f"grpo.num_prompts_per_step={PROMPTS}",
-                f"grpo.num_generations_per_prompt={GENERATIONS}",
-                "checkpointing.enabled=false",
-                "checkpointing.export_final_hf=false",
                 "logger.progress=false",
                 *extra,
             ],
