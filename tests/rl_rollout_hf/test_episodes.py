@@ -21,15 +21,23 @@ ROWS = [{"prompt": f"Add {a}+{b}.", "answer": str(a + b)} for a, b in ((47, 86),
 
 
 class Recording:
-    """The real engine; every call's prompts and outputs kept, to rebuild what the trainer must see."""
+    """The real engine; every call's (prompt, output) pairs kept, to rebuild what the trainer must see, and when
+    each streamed call started and ended."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, []
+        self.inner, self.pairs, self.spans = inner, [], []
 
     def generate(self, prompts, sampling):
         out = self.inner.generate(prompts, sampling)
-        self.calls.append(([list(p) for p in prompts], out))
+        self.pairs += [(list(prompts[r.prompt_index]), r) for r in out]
         return out
+
+    async def stream(self, prompts, sampling):
+        start = time.monotonic()
+        async for r in self.inner.stream(prompts, sampling):
+            self.pairs.append((list(prompts[r.prompt_index]), r))
+            yield r
+        self.spans.append((list(prompts[0]), start, time.monotonic()))
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -64,20 +72,25 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ctx(ray_session, config, tiny_model_path):
-    from transformers import AutoTokenizer
-
-    from rl_core.context import RunContext
+def engine(ray_session, config):
     from rl_rollout_hf.engine import make_engine
 
     engine = make_engine(config, config.section("policy.generation.hf_cfg"))
-    runner = EnvironmentRunner(ScriptedCalculator(), "calculator", config.environment, ("</calc>", "</answer>"))
-    yield RunContext(
+    yield engine
+    engine.shutdown()
+
+
+def episode_context(config, engine, tokenizer, env, schedule="auto"):
+    """A run context whose environment is ``env`` (episodes on ``schedule``), over the recorded ``engine``."""
+    from rl_core.context import RunContext
+
+    cfg = attrs.evolve(config.environment, schedule=schedule)
+    return RunContext(
         config=config,
         registry=None,
         run_dir=None,
         console=None,
-        tokenizer=AutoTokenizer.from_pretrained(tiny_model_path),
+        tokenizer=tokenizer,
         device="cpu",
         backend=None,
         engine=Recording(engine),
@@ -85,57 +98,87 @@ def ctx(ray_session, config, tiny_model_path):
         rewards=[],
         checkpoints=None,
         loggers=[],
-        environment=runner,
+        environment=EnvironmentRunner(env, "calculator", cfg, ("</calc>", "</answer>")),
     )
-    runner.close()
-    engine.shutdown()
 
 
-def test_episodes_are_token_exact_and_environment_tokens_get_no_loss(ctx):
-    ctx.engine.calls.clear()
-    scored = generate_and_score(ctx, ROWS, SamplingParams(n=2, max_new_tokens=12, seed=5), Phases())
-    tok, budget = ctx.tokenizer, ctx.config.environment.max_total_tokens
-    # rebuild every episode from the engine's own outputs: the prompt, each turn's sampled ids, the tokenized
-    # observation; never re-tokenizing the transcript
-    rebuilt = [
-        {"ids": list(r.prompt_token_ids), "n": len(r.prompt_token_ids), "sampled": [], "logprobs": [], "open": True}
-        for r in scored.rollouts
-    ]
-    for prompts, outputs in ctx.engine.calls:
-        active = [e for e in rebuilt if e["open"]]
-        assert [e["ids"] for e in active] == [list(p) for p in prompts], "each turn continues the episode's own ids"
-        for e, out in zip(active, outputs, strict=True):
-            room = budget - (len(e["ids"]) - e["n"])
-            ids = list(out.token_ids[:room])
-            e["ids"] += ids
-            e["sampled"] += [True] * len(ids)
-            e["logprobs"] += list(out.logprobs[:room])
-            if len(out.token_ids) >= room:
-                e["open"] = False
-                continue
-            answer = ScriptedCalculator().step(0, tok.decode(ids))
-            obs = tok(answer.observation, add_special_tokens=False)["input_ids"]
-            if len(e["ids"]) - e["n"] + len(obs) >= budget:
-                e["open"] = False
-                continue
-            e["ids"] += obs
-            e["sampled"] += [False] * len(obs)
-            e["logprobs"] += [0.0] * len(obs)
-    batch = rollout_batch(scored.rollouts, tok.pad_token_id, 96)
-    for i, (r, e) in enumerate(zip(scored.rollouts, rebuilt, strict=True)):
-        assert list(r.prompt_token_ids) + list(r.token_ids) == e["ids"], (
+def rebuild(rollout, calls, budget, tokenizer):
+    """An episode rebuilt from the engine's own outputs: each model turn is what a call given exactly the episode's
+    ids so far sampled, each observation the environment's answer to that turn tokenized on its own; the transcript
+    is never re-tokenized. Returns (ids, sampled, logprobs) after the prompt."""
+    n = len(rollout.prompt_token_ids)
+    ids, sampled, logprobs = list(rollout.prompt_token_ids), [], []
+    while len(ids) < n + len(rollout.token_ids):
+        room, rest = budget - (len(ids) - n), tuple(rollout.token_ids[len(ids) - n :])
+        out = next((o for p, o in calls if p == ids and rest[: len(o.token_ids[:room])] == o.token_ids[:room]), None)
+        assert out is not None, f"no engine call sampled the turn at token {len(ids) - n}"
+        turn = list(out.token_ids[:room])
+        ids, sampled, logprobs = ids + turn, sampled + [True] * len(turn), logprobs + list(out.logprobs[:room])
+        if len(out.token_ids) >= room:
+            break
+        answer = ScriptedCalculator().step(0, tokenizer.decode(turn))
+        obs = tokenizer(answer.observation, add_special_tokens=False)["input_ids"]
+        if len(ids) - n + len(obs) >= budget:
+            break
+        ids, sampled, logprobs = ids + obs, sampled + [False] * len(obs), logprobs + [0.0] * len(obs)
+    return ids, sampled, logprobs
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "streaming"])
+def test_episodes_are_token_exact_and_environment_tokens_get_no_loss(config, engine, tokenizer, schedule):
+    ctx = episode_context(config, engine, tokenizer, ScriptedCalculator(), schedule)
+    try:
+        scored = generate_and_score(ctx, ROWS, SamplingParams(n=2, max_new_tokens=12, seed=5), Phases())
+    finally:
+        ctx.environment.close()
+    if schedule == "streaming":
+        assert not engine.concurrent_requests, "the HF engine's calls queue: auto would have picked lockstep"
+        assert len(ctx.engine.spans) == len(ctx.engine.pairs), "streaming: one call per episode turn"
+    batch = rollout_batch(scored.rollouts, tokenizer.pad_token_id, 96)
+    for i, r in enumerate(scored.rollouts):
+        ids, sampled, logprobs = rebuild(r, ctx.engine.pairs, config.environment.max_total_tokens, tokenizer)
+        assert list(r.prompt_token_ids) + list(r.token_ids) == ids, (
             "the trainer's ids are the sampled ids + observations"
         )
-        assert list(r.sampled) == e["sampled"] and list(r.logprobs) == e["logprobs"]
-        width = len(e["ids"])
-        assert batch["input_ids"][i, :width].tolist() == e["ids"]
-        assert batch["loss_mask"][i, :width].tolist() == [0.0] * e["n"] + [float(s) for s in e["sampled"]], (
+        assert list(r.sampled) == sampled and list(r.logprobs) == logprobs
+        n, width = len(r.prompt_token_ids), len(ids)
+        assert batch["input_ids"][i, :width].tolist() == ids
+        assert batch["loss_mask"][i, :width].tolist() == [0.0] * n + [float(s) for s in sampled], (
             "no loss on the environment's tokens"
         )
-        assert batch["generation_logprobs"][i, e["n"] : width].tolist() == pytest.approx(e["logprobs"])
-    assert any(not s for e in rebuilt for s in e["sampled"]), "some observation tokens were appended"
+        assert batch["generation_logprobs"][i, n:width].tolist() == pytest.approx(logprobs)
+    assert any(not s for r in scored.rollouts for s in r.sampled), "some observation tokens were appended"
     turns = [t for transcript in scored.transcripts for t in transcript["turns"]]
     assert any(t["role"] == "environment" and t["text"] == " Try again:" for t in turns)
+
+
+SLOW_S = 1.5
+
+
+class SlowForOne(ScriptedCalculator):
+    """The scripted calculator, SLOW_S seconds slower on the first row's episodes (a slow tool)."""
+
+    def step(self, state, action):
+        if state == 133:
+            time.sleep(SLOW_S)
+        return super().step(state, action)
+
+
+def test_streaming_episodes_do_not_wait_for_a_slow_tool_and_are_reproducible(config, engine, tokenizer):
+    runs = []
+    for _ in range(2):
+        ctx = episode_context(config, engine, tokenizer, SlowForOne(), "streaming")
+        try:
+            runs.append(generate_and_score(ctx, ROWS, SamplingParams(n=2, max_new_tokens=12, seed=11), Phases()))
+        finally:
+            ctx.environment.close()
+    assert runs[0].rollouts == runs[1].rollouts, "same seed, same episodes, whatever order the turns finished in"
+    prompts = [list(r.prompt_token_ids) for r in runs[1].rollouts[::2]]  # one per row; row 0 has the slow tool
+    spans = ctx.engine.spans
+    slow_answered = min(end for p, _start, end in spans if p == prompts[0]) + SLOW_S
+    later_fast_turns = [start for p, start, _end in spans for q in prompts[1:] if p[: len(q)] == q and len(p) > len(q)]
+    assert later_fast_turns, "the other rows' episodes took further turns"
+    assert min(later_fast_turns) < slow_answered, "they did not wait for the slow tool's first answer"
 
 
 class Faulty(Calculator):
@@ -147,8 +190,8 @@ class Faulty(Calculator):
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "ray-actor"])
-def test_a_failing_or_hanging_environment_ends_the_episode_not_the_run(ctx, workers):
-    cfg = attrs.evolve(ctx.config.environment, step_timeout_s=1.0, num_workers=workers)
+def test_a_failing_or_hanging_environment_ends_the_episode_not_the_run(ray_session, config, workers):
+    cfg = attrs.evolve(config.environment, step_timeout_s=1.0, num_workers=workers)
     env = Faulty() if not workers else Calculator()
     runner = EnvironmentRunner(env, "calculator", cfg, ())
     try:

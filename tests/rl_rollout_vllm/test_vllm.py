@@ -156,3 +156,52 @@ def test_a_folder_vllm_cannot_load_is_a_clear_error(ray_session, config, tmp_pat
     cfg = attrs.evolve(config, policy=attrs.evolve(config.policy, model_name=str(broken)))
     with pytest.raises(RLCoreError, match="cannot load the model folder"):
         make_engine(cfg, cfg.section("policy.generation.vllm_cfg"))
+
+
+class Chat:
+    """An environment that always answers " ok" (every episode runs all its turns)."""
+
+    def reset(self, row):
+        return row["prompt"], None
+
+    def step(self, state, action):
+        from rl_core.protocols import Transition
+
+        return Transition(observation=" ok", state=state)
+
+    def close(self):
+        return None
+
+
+def test_multi_turn_episodes_stream_on_the_async_engine_and_are_reproducible(engine, async_engine, config, tokenizer):
+    from types import SimpleNamespace
+
+    import attrs
+
+    from rl_core.episodes import EnvironmentRunner, run_episodes, streaming
+
+    assert streaming("auto", engine) == async_engine, "auto streams on the async engine, lockstep on LLM"
+    cfg = attrs.evolve(config.environment, max_turns=3, max_total_tokens=36, max_tokens_per_turn=8)
+    runner = EnvironmentRunner(Chat(), "chat", cfg, ())
+    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, config=config)
+    rows = [{"prompt": p} for p in PROMPTS[:2]]
+    try:
+        runs = [run_episodes(ctx, runner, rows, SamplingParams(n=2, max_new_tokens=8, seed=3)) for _ in range(2)]
+    finally:
+        runner.close()
+    assert runs[0][0] == runs[1][0], "same seed, same episodes"
+    assert runs[0][2]["env/turns"] > 1.5, "episodes took several turns"
+    ok = tokenizer(" ok", add_special_tokens=False)["input_ids"]
+    for r in runs[0][0]:
+        observed = [t for t, s in zip(r.token_ids, r.sampled, strict=True) if not s]
+        assert observed == ok * (len(observed) // len(ok)) and observed, "observations appended as their own tokens"
+
+
+def test_seeded_prompts_beyond_one_steps_token_budget_generate(engine, tokenizer):
+    """More prompt tokens than one engine step takes (a multi-turn batch): vLLM's chunked prefill would rewind a
+    seeded request's CPU generator by an offset it does not have and kill the engine."""
+    long = tokenizer(" ".join(PROMPTS) * 2, add_special_tokens=False)["input_ids"][:56]
+    prompts = [long[i % 7 :] for i in range(192)]  # ~10k prompt tokens
+    out = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2, seed=4))
+    assert len(out) == 192 and all(r.token_ids for r in out)
+    assert engine.generate(prompts[:3], SamplingParams(n=1, max_new_tokens=2, seed=4)) == out[:3]

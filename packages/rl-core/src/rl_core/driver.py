@@ -203,12 +203,23 @@ def balance(prompts: Sequence[Sequence[int]], replicas: int) -> list[list[int]]:
 class GroupEngine:
     """``rl_core.protocols.RolloutEngine`` over the replicas of ``group``, each ``processes_per_replica`` processes
     holding weights (tensor-parallel ranks); prompts are spread over replicas by token count. ``max_model_len`` and
-    ``len_key`` (the config key that sets it) bound prompt + response."""
+    ``len_key`` (the config key that sets it) bound prompt + response. ``concurrent_requests``: the replicas serve
+    overlapping calls together (async actors over an engine with continuous batching)."""
 
-    def __init__(self, group: WorkerGroup, *, max_model_len: int, len_key: str, processes_per_replica: int = 1) -> None:
+    def __init__(
+        self,
+        group: WorkerGroup,
+        *,
+        max_model_len: int,
+        len_key: str,
+        processes_per_replica: int = 1,
+        concurrent_requests: bool = False,
+    ) -> None:
         self.group = group
         self.max_model_len, self.len_key = max_model_len, len_key
         self.processes_per_replica = processes_per_replica
+        self.concurrent_requests = concurrent_requests
+        self._calls = 0  # rotates which replica a call's first (or only) prompt goes to
 
     def _check(self, prompts: Sequence[Sequence[int]]) -> None:
         if not prompts:
@@ -222,8 +233,12 @@ class GroupEngine:
                 )
 
     def _plan(self, prompts: Sequence[Sequence[int]]) -> list[tuple[Any, list[int]]]:
-        parts = balance(prompts, len(self.group.actors))
-        return [(actor, idx) for actor, idx in zip(self.group.actors, parts, strict=True) if idx]
+        """Prompts spread over the replicas; the replicas' order rotates from call to call, so that many small calls
+        (one episode's turn each) spread too."""
+        actors = self.group.actors
+        first, self._calls = self._calls % len(actors), self._calls + 1
+        rotated = actors[first:] + actors[:first]
+        return [(actor, idx) for actor, idx in zip(rotated, balance(prompts, len(actors)), strict=True) if idx]
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Rollout]:
         self._check(prompts)

@@ -7,19 +7,28 @@ environment says so, after ``max_turns``, when its tokens reach ``max_total_toke
 raises or overruns ``step_timeout_s`` (the episode ends with that reason; the run goes on). Environment steps run
 in this process (threads) or, with ``environment.num_workers``, in Ray actors (a step that overruns there has its
 actor replaced).
+
+Two schedules (``environment.schedule``): ``lockstep`` asks the engine for turn t of every episode still under way
+in one call, then runs their environment steps, then turn t + 1; ``streaming`` runs every episode on its own, its
+next turn requested as soon as its environment step answers, so a slow tool or a long turn holds up no other
+episode. Streaming pays off with an engine that batches concurrent calls (``RolloutEngine.concurrent_requests``,
+vLLM's async engine); ``auto`` picks it there and lockstep elsewhere. Both are deterministic: lockstep seeds each
+call from (seed, turn), streaming each episode's turn from (seed, turn, episode), so completion order never
+changes a sample.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from rl_core.errors import InputError
-from rl_core.protocols import Environment, Rollout, SamplingParams, Transition
+from rl_core.protocols import Environment, Rollout, RolloutEngine, SamplingParams, Transition
 
 if TYPE_CHECKING:
     from rl_core.context import RunContext
@@ -84,46 +93,47 @@ class EnvironmentRunner:
             self.remote = ray.remote(num_cpus=0)(_EnvActor)
             self.actors = [self.remote.remote(name, cfg.options) for _ in range(cfg.num_workers)]
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"env-{name}")
+        self._turn = itertools.count()  # the actor of the next remote step, round robin
 
     def steps(self, pending: Sequence[tuple[Any, str]]) -> list[Transition | str]:
         """A transition for each ``(state, action)``, or why there is none (``"timeout"``, ``"error: ..."``)."""
-        return self._remote(pending) if self.actors else self._local(pending)
 
-    def _local(self, pending: Sequence[tuple[Any, str]]) -> list[Transition | str]:
-        futures = [self.pool.submit(self.env.step, state, action) for state, action in pending]
-        out: list[Transition | str] = []
-        for future in futures:
-            try:
-                out.append(future.result(timeout=self.cfg.step_timeout_s))
-            except FutureTimeout:
-                out.append("timeout")
-            except Exception as exc:
-                out.append(f"error: {type(exc).__name__}: {exc}")
-        return out
+        async def all_steps() -> list[Transition | str]:
+            return list(await asyncio.gather(*(self.step(state, action) for state, action in pending)))
 
-    def _remote(self, pending: Sequence[tuple[Any, str]]) -> list[Transition | str]:
+        return asyncio.run(all_steps())
+
+    async def step(self, state: Any, action: str) -> Transition | str:
+        """One step within ``step_timeout_s``: its transition, ``"timeout"`` or ``"error: ..."``."""
+        return await (self._remote(state, action) if self.actors else self._local(state, action))
+
+    async def _local(self, state: Any, action: str) -> Transition | str:
+        future = asyncio.get_running_loop().run_in_executor(self.pool, self.env.step, state, action)
+        try:
+            return await asyncio.wait_for(future, self.cfg.step_timeout_s)
+        except TimeoutError:
+            return "timeout"
+        except Exception as exc:
+            return f"error: {type(exc).__name__}: {exc}"
+
+    async def _remote(self, state: Any, action: str) -> Transition | str:
         import ray
         from ray.exceptions import RayError
 
-        refs = [self.actors[i % len(self.actors)].step.remote(s, a) for i, (s, a) in enumerate(pending)]
-        ray.wait(refs, num_returns=len(refs), timeout=self.cfg.step_timeout_s)
-        out: list[Transition | str] = []
-        late: set[int] = set()
-        for i, ref in enumerate(refs):
-            ready, _ = ray.wait([ref], timeout=0)
-            if not ready:
-                out.append("timeout")
-                late.add(i % len(self.actors))
-                continue
-            try:
-                out.append(ray.get(ref))
-            except RayError as exc:
-                lines = [line for line in str(exc).splitlines() if line.strip()]
-                out.append(f"error: {lines[-1] if lines else exc!r}")
-        for index in late:  # a step that overran: its actor may never come back
-            ray.kill(self.actors[index], no_restart=True)
-            self.actors[index] = self.remote.remote(self.name, self.cfg.options)
-        return out
+        index = next(self._turn) % len(self.actors)
+        actor = self.actors[index]
+        try:
+            return await asyncio.wait_for(
+                asyncio.wrap_future(actor.step.remote(state, action).future()), self.cfg.step_timeout_s
+            )
+        except TimeoutError:
+            if self.actors[index] is actor:  # a step that overran: its actor may never come back
+                ray.kill(actor, no_restart=True)
+                self.actors[index] = self.remote.remote(self.name, self.cfg.options)
+            return "timeout"
+        except RayError as exc:
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            return f"error: {lines[-1] if lines else exc!r}"
 
     def close(self) -> None:
         import contextlib
@@ -155,45 +165,11 @@ def run_episodes(
                 f"more than policy.max_total_sequence_length ({ctx.config.policy.max_total_sequence_length})"
             )
         episodes += [Episode(i, j, list(ids), state) for j in range(params.n)]
-    per_turn = cfg.max_tokens_per_turn or params.max_new_tokens
-    for turn in range(cfg.max_turns):
-        active = [e for e in episodes if e.ended is None]
-        if not active:
-            break
-        turn_params = attrs.evolve(
-            params,
-            n=1,
-            max_new_tokens=per_turn,
-            stop_strings=tuple(params.stop_strings) + runner.stop_strings,
-            seed=None if params.seed is None else params.seed * 1009 + turn,
-        )
-        outputs = ctx.engine.generate([e.prompt_ids + e.tokens for e in active], turn_params)
-        pending = []
-        for episode, out in zip(active, outputs, strict=True):
-            room = cfg.max_total_tokens - len(episode.tokens)
-            episode.add(out.token_ids[:room], out.logprobs[:room])
-            action = tok.decode(list(out.token_ids[:room]))
-            episode.turns.append({"role": "model", "text": action, "tokens": min(room, len(out.token_ids))})
-            if len(out.token_ids) >= room:  # the turn was cut by the episode's token budget
-                episode.ended = "budget"
-            else:
-                pending.append((episode, action))
-        answers = runner.steps([(e.state, action) for e, action in pending])
-        for (episode, _action), answer in zip(pending, answers, strict=True):
-            if isinstance(answer, str):
-                episode.ended = answer
-                continue
-            episode.reward += answer.reward
-            episode.state = answer.state
-            if answer.done:
-                episode.ended = "done"
-                continue
-            obs = tok(answer.observation, add_special_tokens=False)["input_ids"] if answer.observation else []
-            if len(episode.tokens) + len(obs) >= cfg.max_total_tokens:
-                episode.ended = "budget"
-                continue
-            episode.add(obs, None)
-            episode.turns.append({"role": "environment", "text": answer.observation, "tokens": len(obs)})
+    turns = Turns(runner, tok, params)
+    if streaming(cfg.schedule, ctx.engine):
+        asyncio.run(turns.stream_all(ctx.engine, episodes))
+    else:
+        turns.lockstep(ctx.engine, episodes)
     for episode in episodes:
         episode.ended = episode.ended or "max_turns"
     ends = [e.ended.split(":")[0] for e in episodes if e.ended]
@@ -205,3 +181,86 @@ def run_episodes(
         {"prompt": tok.decode(e.prompt_ids), "turns": e.turns, "reward": e.reward, "ended": e.ended} for e in episodes
     ]
     return [e.rollout(tok) for e in episodes], [e.reward for e in episodes], metrics, transcripts
+
+
+def streaming(schedule: str, engine: RolloutEngine) -> bool:
+    """Whether episodes run on their own (``auto``: when the engine batches concurrent calls)."""
+    return schedule == "streaming" or (schedule == "auto" and bool(getattr(engine, "concurrent_requests", False)))
+
+
+@attrs.frozen
+class Turns:
+    """How a model turn and an environment answer extend an episode, and the two schedules that drive them."""
+
+    runner: EnvironmentRunner
+    tok: Any
+    params: SamplingParams
+
+    def sampling(self, turn: int, episode: int | None = None) -> SamplingParams:
+        """One turn's sampling: a call's seed from (seed, turn), and with ``episode`` from that episode too."""
+        seed = self.params.seed
+        if seed is not None:
+            seed = seed * 1009 + turn if episode is None else ((seed * 1009 + turn) * 1_000_003 + episode) % 2**31
+        return attrs.evolve(
+            self.params,
+            n=1,
+            max_new_tokens=self.runner.cfg.max_tokens_per_turn or self.params.max_new_tokens,
+            stop_strings=tuple(self.params.stop_strings) + self.runner.stop_strings,
+            seed=seed,
+        )
+
+    def model_turn(self, episode: Episode, out: Rollout) -> str | None:
+        """Append the sampled ids (within the episode's budget); the action for the environment, or None when the
+        budget ended the episode."""
+        room = self.runner.cfg.max_total_tokens - len(episode.tokens)
+        episode.add(out.token_ids[:room], out.logprobs[:room])
+        action = self.tok.decode(list(out.token_ids[:room]))
+        episode.turns.append({"role": "model", "text": action, "tokens": min(room, len(out.token_ids))})
+        if len(out.token_ids) >= room:  # the turn was cut by the episode's token budget
+            episode.ended = "budget"
+            return None
+        return action
+
+    def answer(self, episode: Episode, answer: Transition | str) -> None:
+        """Apply the environment's answer (or why there is none) to the episode."""
+        if isinstance(answer, str):
+            episode.ended = answer
+            return
+        episode.reward += answer.reward
+        episode.state = answer.state
+        if answer.done:
+            episode.ended = "done"
+            return
+        obs = self.tok(answer.observation, add_special_tokens=False)["input_ids"] if answer.observation else []
+        if len(episode.tokens) + len(obs) >= self.runner.cfg.max_total_tokens:
+            episode.ended = "budget"
+            return
+        episode.add(obs, None)
+        episode.turns.append({"role": "environment", "text": answer.observation, "tokens": len(obs)})
+
+    def lockstep(self, engine: RolloutEngine, episodes: Sequence[Episode]) -> None:
+        for turn in range(self.runner.cfg.max_turns):
+            active = [e for e in episodes if e.ended is None]
+            if not active:
+                return
+            outputs = engine.generate([e.prompt_ids + e.tokens for e in active], self.sampling(turn))
+            actions = [(e, self.model_turn(e, out)) for e, out in zip(active, outputs, strict=True)]
+            pending = [(e, action) for e, action in actions if action is not None]
+            answers = self.runner.steps([(e.state, action) for e, action in pending])
+            for (episode, _action), answer in zip(pending, answers, strict=True):
+                self.answer(episode, answer)
+
+    async def stream_all(self, engine: RolloutEngine, episodes: Sequence[Episode]) -> None:
+        await asyncio.gather(*(self.stream_one(engine, e, number) for number, e in enumerate(episodes)))
+
+    async def stream_one(self, engine: RolloutEngine, episode: Episode, number: int) -> None:
+        for turn in range(self.runner.cfg.max_turns):
+            outputs = [
+                r async for r in engine.stream([episode.prompt_ids + episode.tokens], self.sampling(turn, number))
+            ]
+            action = self.model_turn(episode, outputs[0])
+            if action is None:
+                return
+            self.answer(episode, await self.runner.step(episode.state, action))
+            if episode.ended is not None:
+                return

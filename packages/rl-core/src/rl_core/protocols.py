@@ -126,7 +126,11 @@ class TrainingBackend(Protocol):
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Generation over one or more engine replicas."""
+    """Generation over one or more engine replicas.
+
+    An engine whose replicas serve overlapping calls together (continuous batching across calls, as vLLM's async
+    engine) may say so with an attribute ``concurrent_requests = True``; multi-turn episodes then stream, each
+    episode's next turn its own call (``environment.schedule: auto``). Without it, calls are assumed to queue."""
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Rollout]:
         """``n`` rollouts per prompt, ordered by (prompt_index, sample_index). Empty ``prompts``, an empty prompt

@@ -188,6 +188,10 @@ class EnvironmentConfig:
     max_tokens_per_turn: int | None = attrs.field(default=None, validator=attrs.validators.optional(_pos))
     #: seconds one environment step may take; an episode whose step overruns (or raises) ends with that reason.
     step_timeout_s: float = attrs.field(default=10.0, validator=_pos_float)
+    #: ``lockstep``: turn t of every episode in one engine call, then their environment steps; ``streaming``: each
+    #: episode on its own, its next turn asked for as soon as its step answers (nothing waits for a slow tool or a
+    #: long turn); ``auto``: streaming when the engine batches concurrent calls (vLLM's async engine), else lockstep.
+    schedule: Literal["auto", "lockstep", "streaming"] = "auto"
     #: Ray actors that run the environment's steps (for isolation and parallel episodes); 0: in this process.
     num_workers: int = attrs.field(default=0, validator=_nonneg)
     #: write a few of a step's episodes, turn by turn, to RUN_DIR/trajectories.jsonl every this many steps (0: never).

@@ -23,6 +23,9 @@ class VllmConfig:
     #: CPU threads of each engine replica; unset, the node's cores divided among the replicas (the async engine:
     #: vLLM's own binding).
     threads: int | None = None
+    #: reuse the KV cache of a prompt's prefix across requests (a multi-turn episode's next turn re-sends every
+    #: earlier turn); vLLM's own default for most models.
+    enable_prefix_caching: bool = True
     #: vLLM's async engine (``AsyncLLM``: engine core in its own process, requests streamed as each ends); unset,
     #: on with CUDA and off on CPU, where the async engine's core process would hold one core for its scheduler.
     async_engine: bool | None = None

@@ -17,8 +17,9 @@ def uses_async_engine(config: Config, section: VllmConfig) -> bool:
 
 def make_engine(config: Config, section: VllmConfig) -> GroupEngine:
     max_model_len = section.max_model_len or config.policy.max_total_sequence_length
+    async_engine = uses_async_engine(config, section)
     group = WorkerGroup(
-        AsyncVllmWorker if uses_async_engine(config, section) else VllmWorker,
+        AsyncVllmWorker if async_engine else VllmWorker,
         engine_layout(config, detected_device(config), section.tensor_parallel_size),
         lambda rank: dict(
             model_path=config.policy.model_name,
@@ -39,4 +40,5 @@ def make_engine(config: Config, section: VllmConfig) -> GroupEngine:
         max_model_len=max_model_len,
         len_key="policy.generation.vllm_cfg.max_model_len / policy.max_total_sequence_length",
         processes_per_replica=section.tensor_parallel_size,
+        concurrent_requests=async_engine,
     )

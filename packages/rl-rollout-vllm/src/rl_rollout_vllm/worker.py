@@ -65,13 +65,21 @@ def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, replic
     args: dict[str, Any] = dict(
         model=model_path,
         enforce_eager=cfg.enforce_eager,
+        enable_prefix_caching=cfg.enable_prefix_caching,
         tensor_parallel_size=cfg.tensor_parallel_size,
         worker_extension_cls=EXTENSION,
         **kwargs,
     )
     if torch.cuda.is_available():
         args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-    elif not async_engine:
+    else:
+        # A prompt prefilled in chunks has the token sampled after a partial chunk thrown away, and vLLM then rewinds
+        # the request's generator by an offset, which a seeded request's CPU generator does not have: "CPU Generator
+        # does not use offset" kills the engine as soon as a seeded batch's prompts exceed one step's token budget
+        # (multi-turn episodes, long prompts). Whole prompts per step avoid the rewind.
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(8192, kwargs.get("max_model_len") or 0)
+    if not torch.cuda.is_available() and not async_engine:
         # Ray starts actors with OMP_NUM_THREADS=1, and the in-process CPU engine keeps the thread count it finds
         # (vLLM binds threads only for the worker processes it spawns itself): 1.6x slower decoding on 2 cores.
         torch.set_num_threads(cfg.threads or thread_budget(max(1, len(os.sched_getaffinity(0)) // replicas)))
