@@ -2,7 +2,8 @@
 default) is the baseline; against it, lockstep and streaming on vLLM's async engine (``AsyncLLM``, the GPU
 default), and streaming with vLLM's prefix caching off. The environment answers every turn with a short tool
 result, and a third of its steps (fixed by row and turn) take ``--tool-latency`` seconds, like a slow tool call.
-Each engine runs its repetitions in turn (three engines at once would share the two cores).
+Two more sides make the steps slow enough to matter (2 s). Each engine runs its sides in turn (three engines at
+once would share the two cores).
 
     python bench/multi_turn.py [--model qwen2-small] [--reps 3] [--tool-latency 0.4]
 """
@@ -44,7 +45,24 @@ class SlowTool:
         return None
 
 
-def measure(side: str, model: str, reps: int, latency: float, registry: Any) -> dict[str, Any]:
+#: engine (vLLM flavour, prefix caching) -> the sides measured on it: (name, schedule, slow tool steps' seconds);
+#: ``None`` seconds means ``--tool-latency``.
+ENGINES: dict[tuple[bool, bool], list[tuple[str, str, float | None]]] = {
+    (False, True): [("lockstep, LLM", "lockstep", None)],
+    (True, True): [
+        ("lockstep, AsyncLLM", "lockstep", None),
+        ("streaming, AsyncLLM", "streaming", None),
+        ("lockstep, AsyncLLM, 2 s tool", "lockstep", 2.0),
+        ("streaming, AsyncLLM, 2 s tool", "streaming", 2.0),
+    ],
+    (True, False): [("streaming, AsyncLLM, no prefix cache", "streaming", None)],
+}
+
+
+def measure(
+    engine_key: tuple[bool, bool], model: str, reps: int, latency: float, registry: Any
+) -> list[dict[str, Any]]:
+    """Every side of one engine, each ``reps`` batches of episodes."""
     from transformers import AutoTokenizer
 
     from rl_core.cluster import init_ray
@@ -54,15 +72,11 @@ def measure(side: str, model: str, reps: int, latency: float, registry: Any) -> 
     from rl_core.episodes import EnvironmentRunner, run_episodes
     from rl_rollout_vllm.engine import make_engine
 
-    schedule, async_engine, prefix = {
-        "lockstep, LLM": ("lockstep", False, True),
-        "lockstep, AsyncLLM": ("lockstep", True, True),
-        "streaming, AsyncLLM": ("streaming", True, True),
-        "streaming, AsyncLLM, no prefix cache": ("streaming", True, False),
-    }[side]
+    async_engine, prefix = engine_key
     path = str(ensure_tiny_model(model))
     tokenizer = AutoTokenizer.from_pretrained(path)
     rows = [{**r, "row": i} for i, r in enumerate(parity_task(ROWS, seed=3))]
+    results = []
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [
             f"run_dir={run_dir}",
@@ -71,7 +85,6 @@ def measure(side: str, model: str, reps: int, latency: float, registry: Any) -> 
             f"environment.max_turns={MAX_TURNS}",
             f"environment.max_tokens_per_turn={TOKENS_PER_TURN}",
             "environment.max_total_tokens=160",
-            f"environment.schedule={schedule}",
         ]
         config = load_config(None, overrides, registry)
         init_ray(config.cluster, verbose=False)
@@ -79,40 +92,47 @@ def measure(side: str, model: str, reps: int, latency: float, registry: Any) -> 
             config.section("policy.generation.vllm_cfg"), async_engine=async_engine, enable_prefix_caching=prefix
         )
         engine = make_engine(config, section)
-        runner = EnvironmentRunner(SlowTool(latency), "slow_tool", config.environment, ())
-        ctx = RunContext(
-            config=config,
-            registry=registry,
-            run_dir=None,  # episodes need only the engine, tokenizer and config
-            console=None,
-            tokenizer=tokenizer,
-            device="cpu",
-            backend=None,
-            engine=engine,
-            engine_name="vllm",
-            rewards=[],
-            checkpoints=None,
-            loggers=[],
-            environment=runner,
-        )
-        params = SamplingParams(n=EPISODES_PER_ROW, max_new_tokens=TOKENS_PER_TURN, seed=0)
-        run_episodes(ctx, runner, rows[:2], params)  # warm-up (compilation)
-        seconds, tokens = [], []
-        for rep in range(reps):
-            start = time.perf_counter()
-            rollouts, *_ = run_episodes(ctx, runner, rows, attrs.evolve(params, seed=rep + 1))
-            seconds.append(time.perf_counter() - start)
-            tokens.append(sum(sum(r.sampled) for r in rollouts))
-            print(f"  rep {rep + 1}/{reps} {side}: {seconds[-1]:.2f} s, {tokens[-1]} sampled tokens", flush=True)
-        runner.close()
+        for side, schedule, seconds_slow in ENGINES[engine_key]:
+            cfg = attrs.evolve(config.environment, schedule=schedule)
+            runner = EnvironmentRunner(
+                SlowTool(latency if seconds_slow is None else seconds_slow), "slow_tool", cfg, ()
+            )
+            ctx = RunContext(
+                config=config,
+                registry=registry,
+                run_dir=None,  # episodes need only the engine, tokenizer and config
+                console=None,
+                tokenizer=tokenizer,
+                device="cpu",
+                backend=None,
+                engine=engine,
+                engine_name="vllm",
+                rewards=[],
+                checkpoints=None,
+                loggers=[],
+                environment=runner,
+            )
+            params = SamplingParams(n=EPISODES_PER_ROW, max_new_tokens=TOKENS_PER_TURN, seed=0)
+            run_episodes(ctx, runner, rows[:2], params)  # warm-up (compilation)
+            seconds, tokens = [], []
+            for rep in range(reps):
+                start = time.perf_counter()
+                rollouts, *_ = run_episodes(ctx, runner, rows, attrs.evolve(params, seed=rep + 1))
+                seconds.append(time.perf_counter() - start)
+                tokens.append(sum(sum(r.sampled) for r in rollouts))
+                print(f"  rep {rep + 1}/{reps} {side}: {seconds[-1]:.2f} s, {tokens[-1]} sampled tokens", flush=True)
+            runner.close()
+            episodes = ROWS * EPISODES_PER_ROW
+            results.append(
+                {
+                    "side": side,
+                    "seconds": stats(seconds),
+                    "episodes_per_s": stats([episodes / s for s in seconds]),
+                    "sampled_tokens_per_s": stats([t / s for t, s in zip(tokens, seconds, strict=True)]),
+                }
+            )
         engine.shutdown()
-    episodes = ROWS * EPISODES_PER_ROW
-    return {
-        "side": side,
-        "seconds": stats(seconds),
-        "episodes_per_s": stats([episodes / s for s in seconds]),
-        "sampled_tokens_per_s": stats([t / s for t, s in zip(tokens, seconds, strict=True)]),
-    }
+    return results
 
 
 def main() -> None:
@@ -124,8 +144,7 @@ def main() -> None:
     from rl_core.registry import Registry
 
     registry = Registry.discover()
-    sides = ["lockstep, LLM", "lockstep, AsyncLLM", "streaming, AsyncLLM", "streaming, AsyncLLM, no prefix cache"]
-    results = [measure(side, args.model, args.reps, args.tool_latency, registry) for side in sides]
+    results = [r for key in ENGINES for r in measure(key, args.model, args.reps, args.tool_latency, registry)]
     base = results[0]["seconds"]["median"]
     rows = [
         (
@@ -144,7 +163,8 @@ def main() -> None:
         ("schedule, engine", "s per batch", "episodes/s", "sampled tok/s", "speed vs lockstep on LLM"),
         notes=(
             f"{ROWS} rows x {EPISODES_PER_ROW} episodes of up to {MAX_TURNS} turns ({TOKENS_PER_TURN} tokens a turn) "
-            f"on {args.model}; a third of the tool steps take {args.tool_latency} s. Median of {args.reps} batches."
+            f"on {args.model}; a third of the tool steps take {args.tool_latency} s (2 s where the side says so). Median of "
+            f"{args.reps} batches, seeds 1-3 (the lockstep sides sample the same tokens; streaming seeds each episode)."
         ),
     )
 

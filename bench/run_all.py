@@ -6,7 +6,14 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 # (bench/gpu.py needs a CUDA GPU: docs/gpu.md)
-BENCHMARKS = ["reward_server.py", "train_throughput.py", "generation.py", "grpo_vs_trl.py", "async_grpo.py"]
+BENCHMARKS = [
+    "reward_server.py",
+    "train_throughput.py",
+    "generation.py",
+    "grpo_vs_trl.py",
+    "async_grpo.py",
+    "multi_turn.py",
+]
 
 if __name__ == "__main__":
     only = sys.argv[1:] or BENCHMARKS

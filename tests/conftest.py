@@ -70,3 +70,23 @@ def tokenizer(tiny_model_path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
+    """``config(*overrides)``: the engine tests' config (tiny model, CPU, 64 tokens), plus ``overrides``."""
+    from rl_core.config import load_config
+
+    def config(*overrides: str):
+        base = [
+            f"run_dir={tmp_path_factory.mktemp('run')}",
+            "cluster.device=cpu",
+            f"policy.model_name={tiny_model_path}",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "policy.max_total_sequence_length=64",
+            "policy.optimizer.lr=1e-2",
+        ]
+        return load_config(None, [*base, *overrides], rl_registry)
+
+    return config

@@ -71,15 +71,6 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="module")
-def engine(ray_session, config):
-    from rl_rollout_hf.engine import make_engine
-
-    engine = make_engine(config, config.section("policy.generation.hf_cfg"))
-    yield engine
-    engine.shutdown()
-
-
 def episode_context(config, engine, tokenizer, env, schedule="auto"):
     """A run context whose environment is ``env`` (episodes on ``schedule``), over the recorded ``engine``."""
     from rl_core.context import RunContext

@@ -6,7 +6,6 @@ import asyncio
 import pytest
 from engine_mutants import MUTANTS, NoopRefit, ScaledLogprobs
 
-from rl_core.config import load_config
 from rl_core.hookspecs import hookimpl
 from rl_core.losses import NLLLoss
 from rl_core.protocols import SamplingParams
@@ -22,30 +21,8 @@ PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 
 
 
 @pytest.fixture(scope="module")
-def config(rl_registry, tiny_model_path, tmp_path_factory):
-    return load_config(
-        None,
-        [
-            f"run_dir={tmp_path_factory.mktemp('run')}",
-            "cluster.device=cpu",
-            f"policy.model_name={tiny_model_path}",
-            "policy.train_global_batch_size=16",
-            "policy.train_micro_batch_size=8",
-            "policy.max_total_sequence_length=64",
-            "policy.optimizer.lr=1e-2",
-            "policy.generation.hf_cfg.max_batch_size=6",
-        ],
-        rl_registry,
-    )
-
-
-@pytest.fixture(scope="module")
-def engine(ray_session, config):
-    from rl_rollout_hf.engine import make_engine
-
-    eng = make_engine(config, config.section("policy.generation.hf_cfg"))
-    yield eng
-    eng.shutdown()
+def config(engine_test_config):
+    return engine_test_config("policy.generation.hf_cfg.max_batch_size=6")
 
 
 @pytest.fixture(scope="module")

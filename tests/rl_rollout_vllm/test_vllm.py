@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
 from rl_core.errors import InputError, RLCoreError
 from rl_core.losses import NLLLoss
 from rl_core.protocols import SamplingParams
@@ -20,20 +19,8 @@ PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 
 
 
 @pytest.fixture(scope="module")
-def config(rl_registry, tiny_model_path, tmp_path_factory):
-    return load_config(
-        None,
-        [
-            f"run_dir={tmp_path_factory.mktemp('run')}",
-            "cluster.device=cpu",
-            f"policy.model_name={tiny_model_path}",
-            "policy.train_global_batch_size=16",
-            "policy.train_micro_batch_size=8",
-            "policy.max_total_sequence_length=64",
-            "policy.optimizer.lr=1e-2",
-        ],
-        rl_registry,
-    )
+def config(engine_test_config):
+    return engine_test_config()
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["LLM", "AsyncLLM"])
