@@ -92,7 +92,8 @@ class EnvironmentRunner:
 
             self.remote = ray.remote(num_cpus=0)(_EnvActor)
             self.actors = [self.remote.remote(name, cfg.options) for _ in range(cfg.num_workers)]
-        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"env-{name}")
+        # threads start as needed; enough that a step's deadline is not spent waiting for one
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix=f"env-{name}")
         self._turn = itertools.count()  # the actor of the next remote step, round robin
 
     def steps(self, pending: Sequence[tuple[Any, str]]) -> list[Transition | str]:
