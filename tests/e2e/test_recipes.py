@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,6 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
     assert (run / "config.yaml").is_file() and (run / "final" / "config.json").is_file()
     assert (run / "checkpoints" / "step_000002" / "state.json").is_file()
     assert final == {k: v for k, v in rows[-1].items() if k != "step"}
+    start = time.monotonic()
+    assert run_config(config, rl_registry) == final, "the same config again finds the finished run"
+    assert time.monotonic() - start < 5, "and starts nothing"

@@ -8,6 +8,7 @@ each released through one ``contextlib.ExitStack`` however the run ends (a facto
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import shutil
 from collections.abc import Iterator, Mapping
@@ -207,10 +208,26 @@ def open_run(config: Config, registry: Registry, console: RunConsole | None = No
         yield build_components(prepared, registry, console, stack)
 
 
+#: written in the run folder when a run ends well: the config it ran and its final metrics.
+COMPLETE = "complete.json"
+
+
 def run_config(
     config: Config, registry: Registry, console: RunConsole | None = None, *, summary: bool = True
 ) -> dict[str, float]:
-    """Run ``config`` to the end (resuming from the run folder's latest checkpoint) and return final metrics."""
+    """Run ``config`` to the end (resuming from the run folder's latest checkpoint) and return final metrics. A run
+    folder that holds this very config, finished, is not started again: its final metrics are returned."""
+    console = console or RunConsole(progress=config.logger.progress)
+    run_dir, asked = Path(config.run_dir).resolve(), dump_yaml(config)
+    done = _finished(run_dir, asked)
+    if done is not None:
+        console.info(
+            f"{run_dir} holds this run, finished ({COMPLETE}); nothing to do. To train again, pass another "
+            f"run_dir=... or delete the folder"
+        )
+        if done:
+            console.info(f"  final: {_brief(done)}")
+        return done
     with open_run(config, registry, console) as ctx:
         final = ctx.run_dir / "final" if ctx.config.checkpointing.export_final_hf else None
         registry.hook.rl_run_start(config=ctx.config, run_dir=ctx.run_dir)
@@ -228,7 +245,17 @@ def run_config(
     if summary:
         checkpoints = ctx.checkpoints.root if ctx.config.checkpointing.enabled else None
         ctx.console.summary(ctx.run_dir, final=final, checkpoints=checkpoints)
+    atomic_write_text(run_dir / COMPLETE, json.dumps({"config": asked, "metrics": ctx.metrics}, indent=1))
     return ctx.metrics
+
+
+def _finished(run_dir: Path, asked: str) -> dict[str, float] | None:
+    """The final metrics of a finished run of exactly this config in ``run_dir``, else None."""
+    try:
+        record = json.loads((run_dir / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    return dict(record["metrics"]) if isinstance(record, dict) and record.get("config") == asked else None
 
 
 def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunConsole) -> Config:
