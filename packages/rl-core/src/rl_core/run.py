@@ -255,7 +255,9 @@ def _finished(run_dir: Path, asked: str) -> dict[str, float] | None:
         record = json.loads((run_dir / COMPLETE).read_text())
     except (OSError, ValueError):
         return None
-    return dict(record["metrics"]) if isinstance(record, dict) and record.get("config") == asked else None
+    if not isinstance(record, dict) or record.get("config") != asked or not isinstance(record.get("metrics"), dict):
+        return None
+    return dict(record["metrics"])
 
 
 def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunConsole) -> Config:
