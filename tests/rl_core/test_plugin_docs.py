@@ -20,17 +20,23 @@ def doc_files() -> dict[str, str]:
     return {path: body for path, body in blocks}
 
 
-@pytest.mark.slow
-def test_the_documented_reward_source_installs_and_certifies(tmp_path: Path):
-    files = doc_files()
-    assert {"rl-reward-length/pyproject.toml", "rl-reward-length/rl_reward_length/__init__.py"} <= set(files)
-    for path, body in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(body)
+def install_documented(package: str, tmp_path: Path) -> dict[str, str]:
+    """Write the doc's files of ``package`` under ``tmp_path``, pip-install it into a folder of its own, and return
+    the environment that sees it."""
+    for path, body in doc_files().items():
+        if path.startswith(f"{package}/"):
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text(body)
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
-    subprocess.run([*pip, str(tmp_path / "rl-reward-length")], check=True, timeout=600)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([*pip, str(tmp_path / package)], check=True, timeout=600)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.slow
+def test_the_documented_reward_source_installs_and_certifies(tmp_path: Path):
+    assert {"rl-reward-length/pyproject.toml", "rl-reward-length/rl_reward_length/__init__.py"} <= set(doc_files())
+    env = install_documented("rl-reward-length", tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -48,15 +54,9 @@ def test_the_documented_reward_source_installs_and_certifies(tmp_path: Path):
 
 @pytest.mark.slow
 def test_the_documented_environment_installs_and_certifies(tmp_path: Path):
-    files = {k: v for k, v in doc_files().items() if k.startswith("rl-env-repeat/")}
-    assert set(files) == {"rl-env-repeat/pyproject.toml", "rl-env-repeat/rl_env_repeat/__init__.py"}
-    for path, body in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(body)
-    site = tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
-    subprocess.run([*pip, str(tmp_path / "rl-env-repeat")], check=True, timeout=600)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    files = {k for k in doc_files() if k.startswith("rl-env-repeat/")}
+    assert files == {"rl-env-repeat/pyproject.toml", "rl-env-repeat/rl_env_repeat/__init__.py"}
+    env = install_documented("rl-env-repeat", tmp_path)
     rows = tmp_path / "words.jsonl"
     rows.write_text("".join(json.dumps({"word": w}) + "\n" for w in ("apple", "stone", "river")))
     card = subprocess.run(
