@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -70,6 +71,33 @@ def tokenizer(tiny_model_path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture
+def restore_engine(tiny_model_path: Path) -> Iterator[Callable[[Any], Any]]:
+    """``restore_engine(engine)`` in a test that changes an engine's weights (a refit, a certify of a mutant whose own
+    refit may be broken): afterwards the engine gets the tiny model's own weights back over the object store, so that
+    no later test of a shared engine depends on what an earlier one loaded."""
+    engines: list[Any] = []
+
+    def register(engine: Any) -> Any:
+        engines.append(engine)
+        return engine
+
+    yield register
+    if engines:
+        from safetensors.torch import load_file
+
+        from rl_core.refit import RefitRoute, RefitSender
+
+        weights = load_file(str(tiny_model_path / "model.safetensors"))
+        sender = RefitSender()
+        try:
+            for engine in engines:
+                route = RefitRoute(kind="object_store", receivers=tuple(engine.weight_receivers()))
+                engine.update_weights(sender.publish(weights, route))
+        finally:
+            sender.close()
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,9 @@ def wait_gone(processes: list, seconds: float = 30.0) -> list:
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
 def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
-    """The README's main job, with vLLM (the default) and with the Hugging Face generate engine."""
+    """The README's main job, with vLLM (the default) and with the Hugging Face generate engine: the README's
+    figures (held-out reward 0.542 before GRPO, 1.000 after, with vLLM). The warm-up teaches the format only, so
+    the model starts at chance (within [0.35, 0.65] of 83 prompts) and GRPO must take it to >= 0.95."""
     overrides = [] if engine == "vllm" else ["policy.generation.backend=hf"]
     begun = time.monotonic()
     out = finish(start(tmp_path / "run", *overrides))
@@ -77,7 +79,8 @@ def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
     rows = metrics(tmp_path / "run")
     before, after = rows[0]["val/reward"], rows[max(rows)]["val/reward"]
     print(f"{engine}: held-out reward before GRPO {before:.3f}, after {after:.3f}, {time.monotonic() - begun:.0f} s")
-    assert after >= before + 0.2, f"held-out reward did not rise enough: {before:.3f} -> {after:.3f}"
+    assert 0.35 <= before <= 0.65, f"the warm-up should leave the model at chance, not {before:.3f}"
+    assert after >= 0.95, f"held-out reward did not reach the README's figure: {before:.3f} -> {after:.3f}"
 
 
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path):

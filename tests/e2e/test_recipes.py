@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.config import load_config
+from rl_core.errors import InputError
 from rl_core.run import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -32,7 +33,7 @@ def test_every_recipe_is_headed_by_its_command():
 
 
 @pytest.mark.parametrize("recipe", recipes(), ids=lambda p: p.stem)
-def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, start_server):
+def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, start_server, capsys):
     algorithm = load_config(recipe, [], rl_registry).algorithm
     overrides = [
         f"run_dir={tmp_path / 'run'}",
@@ -56,4 +57,22 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
     assert final == {k: v for k, v in rows[-1].items() if k != "step"}
     start = time.monotonic()
     assert run_config(config, rl_registry) == final, "the same config again finds the finished run"
+    shown_otherwise = load_config(recipe, [*overrides, f"run_dir={run}/", "logger.progress=true"], rl_registry)
+    assert run_config(shown_otherwise, rl_registry) == final, "shown or spelled otherwise, it is the same run"
     assert time.monotonic() - start < 5, "and starts nothing"
+    if algorithm == "sft":  # the run folder's other truths, on the recipe that starts fastest
+        check_run_folder_truths(recipe, overrides, run, rl_registry, capsys)
+
+
+def check_run_folder_truths(recipe: Path, overrides: list[str], run: Path, rl_registry, capsys) -> None:
+    """Asked for fewer steps than it finished, a run folder says so (rather than exporting step 2's weights as a
+    1-step run); when every checkpoint is damaged the run says so, starts again and logs each step once."""
+    with pytest.raises(InputError, match=r"checkpointed at step 2, past the 1 steps this config asks for"):
+        run_config(load_config(recipe, [*overrides, "sft.max_num_steps=1"], rl_registry), rl_registry)
+    for manifest in (run / "checkpoints").glob("step_*/manifest.json"):
+        manifest.unlink()
+    capsys.readouterr()
+    run_config(load_config(recipe, [*overrides, "sft.max_num_steps=3"], rl_registry), rl_registry)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no checkpoint in" in out and "is whole (2 skipped): training starts again from step 0" in out, out
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]

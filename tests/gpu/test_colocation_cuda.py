@@ -85,6 +85,8 @@ def test_grpo_runs_colocated_on_one_gpu_with_the_hf_engine(ray_session, make_con
     )
     run_config(config, Registry.discover())
     rows = [json.loads(line) for line in (Path(config.run_dir) / "metrics.jsonl").read_text().splitlines()]
-    mismatch = max(r.get("health/logprob_mismatch", 0.0) for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert all("health/logprob_mismatch" in r for r in rows[1:]), "every step checks the engine against the trainer"
+    mismatch = max(r["health/logprob_mismatch"] for r in rows[1:])
     gpu_report["grpo_colocated_hf"] = {"steps": len(rows) - 1, "max_logprob_mismatch": mismatch}
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and mismatch < 1e-4
+    assert mismatch < 1e-4

@@ -116,3 +116,22 @@ def test_run_with_both_backends_trains_with_megatron_and_says_so(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "training backend: megatron (priority 200; also enabled: dtensor 100)" in " ".join(out.stdout.split())
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("policy.megatron_cfg.optimizer.lr=1e-3", "policy.optimizer"),
+        ("policy.megatron_cfg.scheduler.lr_decay_style=cosine", "policy.scheduler"),
+    ],
+)
+def test_megatron_has_no_optimizer_of_its_own_to_ignore_policy_optimizer(make_config, override, where):
+    """One optimizer setting for every backend: NeMo RL's megatron_cfg.optimizer / scheduler keys are refused with
+    where the setting lives (they once made Megatron train at its own default lr while policy.optimizer.lr was
+    silently ignored)."""
+    from rl_core.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=rf"'{override.split('=')[0].rsplit('.', 1)[0]}' is not a setting here.*{where}"
+    ):
+        make_config("policy.megatron_cfg.enabled=true", override)

@@ -42,8 +42,10 @@ def test_explain_selects_megatron_over_dtensor_and_the_override():
     backend = json.loads(out.stdout)["training_backend"]
     assert backend["chosen"] == "megatron" and backend["runners_up"] == [{"name": "dtensor", "priority": 100}]
     text = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True")
+    assert text.returncode == 0, text.stderr
     assert "training backend: megatron (priority 200; also enabled: dtensor 100)" in " ".join(text.stdout.split())
     named = rl_core("plugins", "--explain", "policy.megatron_cfg.enabled=True", "policy.backend=dtensor", "--json")
+    assert named.returncode == 0, named.stderr
     assert json.loads(named.stdout)["training_backend"]["chosen"] == "dtensor"
 
 
@@ -62,11 +64,12 @@ def test_typo_error_and_debug_traceback():
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "did you mean 'grpo.num_prompts_per_step'" in " ".join(out.stderr.split())
     debug = rl_core("--debug", "run", "grpo.num_prompt_per_step=3")
-    assert "Traceback" in debug.stderr
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
 def test_version_lists_every_package():
     out = rl_core("--version")
+    assert out.returncode == 0, out.stderr
     for dist in ("rl-core", "rl-backend-dtensor", "rl-backend-megatron", "rl-rollout-vllm", "rl-reward-server"):
         assert dist in out.stdout
 

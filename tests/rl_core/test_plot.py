@@ -1,4 +1,4 @@
-"""rl-core plot writes a valid PNG of the expected size."""
+"""rl-core plot draws the logged curves (and only the panels with something logged) into a PNG."""
 
 import json
 import struct
@@ -6,14 +6,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rl_core.plot import panels
 
-def test_plot_writes_png_of_expected_size(tmp_path: Path):
-    rows = [{"step": 0, "val/reward": 0.5}]
-    rows += [
+#: matplotlib's first two default colours: the first and second curve of a panel
+BLUE, ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)
+
+
+def write_rows(run: Path, rows: list[dict]) -> None:
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def plot(run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rl_core.cli", "plot", str(run)], capture_output=True, text=True, timeout=120
+    )
+
+
+def pixels_near(image, colour: tuple[int, int, int], tolerance: int = 8) -> int:
+    return sum(
+        count
+        for count, rgb in image.getcolors(maxcolors=1 << 24)
+        if all(abs(a - b) <= tolerance for a, b in zip(rgb, colour, strict=True))
+    )
+
+
+ROWS = (
+    [{"step": 0, "val/reward": 0.5}]
+    + [
         {
             "step": s,
             "reward": 0.4 + 0.05 * s,
-            "train/kl": 0.001 * s,
             "train/loss": -0.01 * s,
             "time/generate": 0.1,
             "time/train": 0.2,
@@ -22,19 +44,35 @@ def test_plot_writes_png_of_expected_size(tmp_path: Path):
         }
         for s in range(1, 11)
     ]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "rl_core.cli", "plot", str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
+    + [{"step": 10, "val/reward": 0.9}]
+)
+
+
+def test_only_logged_panels_are_drawn():
+    assert panels(ROWS) == [
+        ("reward", ["reward", "val/reward"]),
+        ("loss", ["train/loss"]),
+        ("seconds per phase", ["time/generate", "time/refit", "time/train"]),
+    ]
+    with_kl = [*ROWS, {"step": 11, "train/kl": 0.01}]
+    assert ("KL to reference", ["train/kl"]) in panels(with_kl)
+
+
+def test_plot_draws_the_curves_into_a_png_of_the_expected_size(tmp_path: Path):
+    from PIL import Image
+
+    write_rows(tmp_path, ROWS)
+    out = plot(tmp_path)
     assert out.returncode == 0, out.stderr
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", png[16:24])
-    assert (width, height) == (1600, 1000)
+    assert struct.unpack(">II", png[16:24]) == (1600, 1000)
+    image = Image.open(tmp_path / "curves.png").convert("RGB")
+    # a blank or empty figure has none of the curves' colours; three panels of curves have thousands of such pixels
+    assert pixels_near(image, BLUE) > 2000, "the first curve of each panel is missing"
+    assert pixels_near(image, ORANGE) > 200, "the second curves (validation points, refit time) are missing"
 
 
 def test_plot_of_a_folder_without_metrics_is_a_clear_error(tmp_path: Path):
-    out = subprocess.run(
-        [sys.executable, "-m", "rl_core.cli", "plot", str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
+    out = plot(tmp_path)
     assert out.returncode == 2 and "no metrics.jsonl" in " ".join(out.stderr.split())

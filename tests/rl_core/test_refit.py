@@ -171,14 +171,18 @@ def _consume(payload, queue):
 @pytest.mark.gpu
 def test_cuda_ipc_handles_rebuild_in_another_process_and_release_frees_them(ray_session):
     sender = RefitSender()
-    state = {"w": torch.arange(6, dtype=torch.float32, device="cuda")}
-    payload = sender.publish(state, RefitRoute(receivers=("x",), colocated=True))
+    base = torch.cuda.memory_allocated()
+    # 64 MiB that only the sender holds once published (as a trainer's gathered full weights are)
+    payload = sender.publish({"w": torch.ones(1 << 24, device="cuda")}, RefitRoute(receivers=("x",), colocated=True))
     assert isinstance(payload, CudaIpcWeights)
+    assert torch.cuda.memory_allocated() - base >= 1 << 26, "the published tensor is alive until released"
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_consume, args=(payload, queue))
     proc.start()
-    assert queue.get(timeout=120) == {"w": 15.0}
+    assert queue.get(timeout=120) == {"w": float(1 << 24)}
     proc.join()
     sender.release()
-    assert sender._keepalive is None
+    del payload
+    torch.cuda.ipc_collect()
+    assert torch.cuda.memory_allocated() - base < 1 << 20, "release() frees what the engine no longer reads"

@@ -96,3 +96,15 @@ def test_the_automatic_weight_route_follows_device_and_placement_unless_named(rl
     assert describe("cuda", "policy.generation.weight_transport=object_store").startswith("object_store (named")
     with pytest.raises(ConfigError, match="weight_transport"):
         make_config("policy.generation.weight_transport=nccl")
+
+
+def test_asynchronous_grpo_with_a_colocated_engine_on_gpus_is_refused_before_anything_starts(rl_registry, make_config):
+    """Overlapping generation and training needs the engine on GPUs of its own; on CPU there is nothing to share."""
+    from rl_core.selection import select_components
+
+    one_step = make_config("grpo.async_mode=one_step")
+    with pytest.raises(ConfigError, match=r"grpo.async_mode=one_step .* set policy.generation.colocated=false"):
+        select_components(one_step, rl_registry, "cuda")
+    select_components(one_step, rl_registry, "cpu")
+    select_components(make_config("grpo.async_mode=one_step", "policy.generation.colocated=false"), rl_registry, "cuda")
+    select_components(make_config(), rl_registry, "cuda")

@@ -79,3 +79,60 @@ def test_the_core_registers_through_its_entry_point():
     assert "grpo" in registry.specs("algorithm")
     with pytest.raises(RLCoreError, match="no rollout engine named 'vllm'"):
         registry.get("rollout_engine", "vllm")
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_a_finished_one_frees_it(tmp_path: Path):
+    from rl_core.run import run_lock
+
+    with (
+        run_lock(tmp_path),
+        pytest.raises(InputError, match=rf"run_dir: {tmp_path} is in use by a run still going \(pid \d+\)"),
+        run_lock(tmp_path),
+    ):
+        pass
+    with run_lock(tmp_path):  # released when the run ended
+        pass
+
+
+class Record:
+    """A console that keeps its lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"config": "x", "metrics": {"val/reward": 1.0', "garbage", "[1, 2]", '{"config": "x", "metrics": {"a": "1.0"}}'],
+    ids=["truncated", "not-json", "not-a-record", "string-metric"],
+)
+def test_a_complete_json_that_is_not_a_record_is_named_and_ignored(tmp_path: Path, content: str):
+    from rl_core.run import COMPLETE, _finished
+
+    (tmp_path / COMPLETE).write_text(content)
+    console = Record()
+    assert _finished(tmp_path, "x", console) is None  # the run goes on from its checkpoints
+    assert len(console.lines) == 1 and str(tmp_path / COMPLETE) in console.lines[0], console.lines
+
+
+def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_config):
+    import json
+
+    from rl_core.run import COMPLETE, _finished, run_identity
+
+    config = make_config("grpo.max_num_steps=4")
+    (tmp_path / COMPLETE).write_text(json.dumps({"config": run_identity(config), "metrics": {"val/reward": 1}}))
+    same = [
+        make_config("grpo.max_num_steps=4", "logger.progress=false"),  # how it is shown
+        make_config("grpo.max_num_steps=4", f"run_dir={tmp_path}/run/"),  # how the folder is spelled
+        make_config("grpo.max_num_steps=4", "logger.tensorboard_enabled=true"),
+    ]
+    assert all(_finished(tmp_path, run_identity(c), Record()) == {"val/reward": 1.0} for c in same)
+    assert _finished(tmp_path, run_identity(make_config("grpo.max_num_steps=6")), Record()) is None
+    assert _finished(tmp_path / "elsewhere", run_identity(config), Record()) is None  # no record: a new run
+    (tmp_path / "folder" / COMPLETE).mkdir(parents=True)
+    with pytest.raises(InputError, match="is a folder, where rl-core writes the record of a finished run"):
+        _finished(tmp_path / "folder", run_identity(config), Record())

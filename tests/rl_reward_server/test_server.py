@@ -42,6 +42,16 @@ def reward_model(tiny_model_path, tmp_path_factory):
     return path
 
 
+def plain_scores(path, texts: list[str]) -> list[float]:
+    """The reward model's logit for each text, one unpadded forward each: the reference the scorer must match."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        return [float(model(**tok(text, return_tensors="pt")).logits[0, 0]) for text in texts]
+
+
 def test_math_verify_judges_equivalent_forms():
     scorer = MathVerifyScorer()
     rewards = scorer.score(["q"] * len(MATH), [r for r, _, _ in MATH], [{"answer": a} for _, a, _ in MATH])
@@ -56,6 +66,8 @@ def test_reward_model_scores_are_the_same_over_http(start_server, reward_model, 
     local = RewardModelScorer(RewardModelConfig(path=str(reward_model), inference_micro_batch_size=4))
     expected = local.score(prompts, responses, [{}] * len(prompts))
     assert len(set(expected)) > 1
+    # a plain Hugging Face forward of each text alone (no padding, no batching) gives the same scores
+    assert expected == pytest.approx(plain_scores(reward_model, [p + r for p, r in zip(prompts, responses)]), abs=1e-5)
     replicated = RewardModelScorer(RewardModelConfig(path=str(reward_model), inference_micro_batch_size=2, replicas=2))
     assert replicated.score(prompts, responses, [{}] * len(prompts)) == pytest.approx(expected, abs=1e-5)
     server = start_server("--scorer", f"reward_model:path={reward_model},inference_micro_batch_size=4,replicas=2")

@@ -64,7 +64,7 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
             "policy.generation.backend=hf",
             "environment.name=calculator",
             "environment.max_turns=3",
-            "environment.max_total_tokens=48",
+            "environment.max_total_tokens=80",
             "environment.max_tokens_per_turn=12",
         ],
         rl_registry,
@@ -93,23 +93,22 @@ def episode_context(config, engine, tokenizer, env, schedule="auto"):
     )
 
 
-def rebuild(rollout, calls, budget, tokenizer):
+def rebuild(rollout, calls, tokenizer):
     """An episode rebuilt from the engine's own outputs: each model turn is what a call given exactly the episode's
     ids so far sampled, each observation the environment's answer to that turn tokenized on its own; the transcript
-    is never re-tokenized. Returns (ids, sampled, logprobs) after the prompt."""
+    is never re-tokenized. (The token budget never binds here; tests/rl_core/test_episode_budget.py pins it.)
+    Returns (ids, sampled, logprobs) after the prompt."""
     n = len(rollout.prompt_token_ids)
     ids, sampled, logprobs = list(rollout.prompt_token_ids), [], []
     while len(ids) < n + len(rollout.token_ids):
-        room, rest = budget - (len(ids) - n), tuple(rollout.token_ids[len(ids) - n :])
-        out = next((o for p, o in calls if p == ids and rest[: len(o.token_ids[:room])] == o.token_ids[:room]), None)
+        rest = tuple(rollout.token_ids[len(ids) - n :])
+        out = next((o for p, o in calls if p == ids and rest[: len(o.token_ids)] == o.token_ids), None)
         assert out is not None, f"no engine call sampled the turn at token {len(ids) - n}"
-        turn = list(out.token_ids[:room])
-        ids, sampled, logprobs = ids + turn, sampled + [True] * len(turn), logprobs + list(out.logprobs[:room])
-        if len(out.token_ids) >= room:
-            break
+        turn = list(out.token_ids)
+        ids, sampled, logprobs = ids + turn, sampled + [True] * len(turn), logprobs + list(out.logprobs)
         answer = ScriptedCalculator().step(0, tokenizer.decode(turn))
         obs = tokenizer(answer.observation, add_special_tokens=False)["input_ids"]
-        if len(ids) - n + len(obs) >= budget:
+        if len(ids) == n + len(rollout.token_ids):  # the last turn: max_turns reached, its observation not kept
             break
         ids, sampled, logprobs = ids + obs, sampled + [False] * len(obs), logprobs + [0.0] * len(obs)
     return ids, sampled, logprobs
@@ -127,7 +126,7 @@ def test_episodes_are_token_exact_and_environment_tokens_get_no_loss(config, eng
         assert len(ctx.engine.spans) == len(ctx.engine.pairs), "streaming: one call per episode turn"
     batch = rollout_batch(scored.rollouts, tokenizer.pad_token_id, 96)
     for i, r in enumerate(scored.rollouts):
-        ids, sampled, logprobs = rebuild(r, ctx.engine.pairs, config.environment.max_total_tokens, tokenizer)
+        ids, sampled, logprobs = rebuild(r, ctx.engine.pairs, tokenizer)
         assert list(r.prompt_token_ids) + list(r.token_ids) == ids, (
             "the trainer's ids are the sampled ids + observations"
         )
@@ -139,6 +138,7 @@ def test_episodes_are_token_exact_and_environment_tokens_get_no_loss(config, eng
         )
         assert batch["generation_logprobs"][i, n:width].tolist() == pytest.approx(logprobs)
     assert any(not s for r in scored.rollouts for s in r.sampled), "some observation tokens were appended"
+    assert all(t["ended"] != "budget" for t in scored.transcripts), "the budget is not what this test checks"
     turns = [t for transcript in scored.transcripts for t in transcript["turns"]]
     assert any(t["role"] == "environment" and t["text"] == " Try again:" for t in turns)
 

@@ -46,11 +46,5 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             factory=_factory,
             description="megatron-core (TP/PP/DP) with one-time HF -> Megatron conversion",
             package="rl-backend-megatron",
-            # megatron's own optimizer: plain SGD (its momentum buffer starts as the gradient), unclipped
-            sgd_overrides=(
-                "policy.megatron_cfg.optimizer.optimizer=sgd",
-                "policy.megatron_cfg.optimizer.lr=1.0",
-                "policy.megatron_cfg.optimizer.clip_grad=0.0",
-            ),
         )
     ]

@@ -19,7 +19,6 @@ from rl_core.api import (
     RefitPayload,
     RefitRoute,
     RefitSender,
-    SchedulerConfig,
     lr_multiplier,
     thread_budget,
 )
@@ -94,28 +93,22 @@ class MegatronWorker:
         from megatron.core.distributed import finalize_model_grads
 
         model.config.finalize_model_grads_func = finalize_model_grads
-        o = self.cfg.optimizer
+        o, self.schedule = self.policy.optimizer, self.policy.scheduler
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
-                optimizer=o.optimizer,
+                optimizer="adam" if o.name == "adamw" else "sgd",  # megatron's adam decouples weight decay
                 lr=o.lr,
-                min_lr=o.min_lr,
+                min_lr=o.lr * self.schedule.min_lr_ratio,
                 weight_decay=o.weight_decay,
-                adam_beta1=o.adam_beta1,
-                adam_beta2=o.adam_beta2,
-                adam_eps=o.adam_eps,
-                clip_grad=o.clip_grad,
+                adam_beta1=o.betas[0],
+                adam_beta2=o.betas[1],
+                adam_eps=o.eps,
+                sgd_momentum=0.0,  # plain SGD, as torch.optim.SGD in the other backends
+                clip_grad=self.policy.max_grad_norm or 0.0,
                 bf16=False,
                 fp16=False,
             ),
             [self.model],
-        )
-        s = self.cfg.scheduler
-        self.schedule = SchedulerConfig(
-            name=s.lr_decay_style,
-            warmup_steps=s.lr_warmup_iters,
-            total_steps=s.lr_decay_iters,
-            min_lr_ratio=o.min_lr / o.lr,
         )
         from rl_core.api import node_address
 
@@ -234,7 +227,7 @@ class MegatronWorker:
         self._schedule(
             self.model, shard_, self.policy.train_micro_batch_size, loss_of, False, group_size=loss_fn.group_size
         )
-        lr = self.cfg.optimizer.lr * lr_multiplier(self.schedule, self.steps)
+        lr = self.policy.optimizer.lr * lr_multiplier(self.schedule, self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         _ok, grad_norm, _zeros = self.optimizer.step()

@@ -21,6 +21,7 @@ def rl_algorithms() -> list[AlgorithmSpec]:
         AlgorithmSpec(
             name="grpo",
             factory=grpo.run,
+            check=grpo.check,
             config_key="grpo",
             config_class=grpo.GRPOConfig,
             description="GRPO with DAPO options",

@@ -136,7 +136,8 @@ def resolve_aliases(cls: type, data: Any, prefix: str) -> Any:
 
 
 def check_keys(cls: type, data: Any, prefix: str, extra: Mapping[str, Sequence[str]] | None = None) -> None:
-    """Reject keys that ``cls`` does not have, naming the dotted key and the closest valid one.
+    """Reject keys that ``cls`` does not have, naming the dotted key and the closest valid one (or, for a key
+    listed in ``cls.MOVED``, where its setting lives now).
 
     ``extra`` maps a prefix (``"policy."``) to section names that plugins own there, offered as suggestions.
     """
@@ -145,7 +146,10 @@ def check_keys(cls: type, data: Any, prefix: str, extra: Mapping[str, Sequence[s
     extra = extra or {}
     hints = _field_types(cls)
     names = [f.name for f in attrs.fields(cls) if f.name != "sections"]
+    moved: Mapping[str, str] = getattr(cls, "MOVED", {})
     for key, value in data.items():
+        if key in moved:
+            raise ConfigError(f"'{prefix}{key}' is not a setting here: {moved[key]}")
         if key not in names:
             candidates = [*names, *extra.get(prefix, ())]
             close = closest(str(key), candidates)

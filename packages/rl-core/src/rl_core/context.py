@@ -136,17 +136,29 @@ class RunContext:
 
     def resume(self) -> dict[str, Any] | None:
         """Load the newest complete checkpoint of the run folder that reads back, if any; return its saved state."""
-        latest = self.checkpoints.latest(self.console.warn)
-        if latest is None:
-            return None
-        self.console.info(f"resuming from {latest.path} (step {latest.step})")
-        self.backend.load_checkpoint(latest.policy_dir)
-        restore_rng(latest.state.get("rng", {}))
-        for logger in self.loggers:  # e.g. metrics.jsonl drops the rows after the checkpoint's step
+        skipped: list[str] = []
+
+        def skip(line: str) -> None:
+            skipped.append(line)
+            self.console.warn(line)
+
+        latest = self.checkpoints.latest(skip)
+        if latest is None and skipped:
+            self.console.warn(
+                f"no checkpoint in {self.checkpoints.root} is whole ({len(skipped)} skipped): training starts again "
+                "from step 0, and the metrics logged before are dropped"
+            )
+        if latest is not None:
+            self.console.info(f"resuming from {latest.path} (step {latest.step})")
+            self.backend.load_checkpoint(latest.policy_dir)
+            restore_rng(latest.state.get("rng", {}))
+        # metrics.jsonl drops the rows after the checkpoint's step (all of them when starting from step 0), so that
+        # each step of this run appears once
+        for logger in self.loggers:
             resume = getattr(logger, "resume", None)
             if resume is not None:
-                resume(latest.step)
-        return dict(latest.state)
+                resume(latest.step if latest is not None else -1)
+        return dict(latest.state) if latest is not None else None
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
         from rl_core.config import dump_yaml

@@ -11,6 +11,7 @@ import attrs
 
 from rl_core.context import RunContext
 from rl_core.data import EpochSampler, Example, load_split
+from rl_core.errors import InputError
 
 
 class Stepper(Protocol):
@@ -66,13 +67,20 @@ def run_loop(
 
         refit(ctx)
     start = int(state["step"]) if state else 0
+    if start > total_steps:
+        raise InputError(
+            f"{ctx.run_dir} holds a run checkpointed at step {start}, past the {total_steps} steps this config asks "
+            f"for: its checkpoints (and final model) are step {start}'s. To train {total_steps} steps, use another "
+            "run_dir"
+        )
     sampler = EpochSampler(train, rows_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     if stepper is not None:
         steps = stepper(sampler, start, state)
     else:
         assert step_fn is not None, "give step_fn or stepper"
         steps = _StepFn(step_fn, sampler)
-    metrics: dict[str, float] = {}
+    # a run resumed at its last step runs no step: its final metrics are the checkpoint's
+    metrics: dict[str, float] = dict((state or {}).get("metrics", {}))
     try:
         with ctx.console.steps(f"{ctx.config.algorithm} steps", total_steps, start):
             if start == 0 and val_at_start and val:

@@ -28,8 +28,8 @@ class JsonlLogger:
         self._file = self.path.open("a")
 
     def resume(self, step: int) -> None:
-        """Drop the rows after ``step`` (written by a run that was killed after its last checkpoint), so that each
-        step appears once."""
+        """Drop the rows after ``step`` (written by a run that was killed after its last checkpoint; ``-1``: every
+        row, for a run that starts from step 0 again), so that each step appears once."""
         self._file.close()
         kept = [line for line in self.path.read_text().splitlines(keepends=True) if _step_of(line) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")

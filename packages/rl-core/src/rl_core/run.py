@@ -28,7 +28,7 @@ from rl_core.models import check_model_folder, resolve_model_path
 from rl_core.placement import Device, detected_device
 from rl_core.protocols import MetricsLogger
 from rl_core.registry import Registry
-from rl_core.schema import Config
+from rl_core.schema import Config, LoggerConfig
 from rl_core.selection import Selections, select_components
 from rl_core.specs import ComponentSpec
 
@@ -199,13 +199,41 @@ def check_micro_batching(config: Config, rewards: list[NamedRewardSource]) -> No
 
 
 @contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``RUN_DIR/.lock`` for the run: a second run into the same folder is refused at once (two runs would
+    interleave their checkpoints and metrics). The lock is the operating system's (``flock``), so a killed run
+    leaves none behind."""
+    import fcntl
+    import os
+
+    check_run_folder(run_dir)
+    with open(run_dir / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise InputError(
+                f"run_dir: {run_dir} is in use by a run still going ({holder}); wait for it, or choose another run_dir"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.truncate(0)
+
+
+@contextlib.contextmanager
 def open_run(config: Config, registry: Registry, console: RunConsole | None = None) -> Iterator[RunContext]:
     """A prepared run with its components built, released when the block ends (benchmarks and tests drive steps
-    themselves with it; ``run_config`` runs the algorithm in it)."""
+    themselves with it; ``run_config`` runs the algorithm in it). The run folder is locked meanwhile."""
     console = console or RunConsole(progress=config.logger.progress)
-    prepared = prepare_run(config, registry, console)
-    with contextlib.ExitStack() as stack:
-        yield build_components(prepared, registry, console, stack)
+    with run_lock(Path(config.run_dir).resolve()):
+        prepared = prepare_run(config, registry, console)
+        with contextlib.ExitStack() as stack:
+            yield build_components(prepared, registry, console, stack)
 
 
 #: written in the run folder when a run ends well: the config it ran and its final metrics.
@@ -216,10 +244,11 @@ def run_config(
     config: Config, registry: Registry, console: RunConsole | None = None, *, summary: bool = True
 ) -> dict[str, float]:
     """Run ``config`` to the end (resuming from the run folder's latest checkpoint) and return final metrics. A run
-    folder that holds this very config, finished, is not started again: its final metrics are returned."""
+    folder that holds a finished run of this config (the same config up to where it runs and how it is logged:
+    ``run_identity``) is not started again: its final metrics are returned."""
     console = console or RunConsole(progress=config.logger.progress)
-    run_dir, asked = Path(config.run_dir).resolve(), dump_yaml(config)
-    done = _finished(run_dir, asked)
+    run_dir, identity = Path(config.run_dir).resolve(), run_identity(config)
+    done = _finished(run_dir, identity, console)
     if done is not None:
         console.info(
             f"{run_dir} holds this run, finished ({COMPLETE}); nothing to do. To train again, pass another "
@@ -245,19 +274,43 @@ def run_config(
     if summary:
         checkpoints = ctx.checkpoints.root if ctx.config.checkpointing.enabled else None
         ctx.console.summary(ctx.run_dir, final=final, checkpoints=checkpoints)
-    atomic_write_text(run_dir / COMPLETE, json.dumps({"config": asked, "metrics": ctx.metrics}, indent=1))
+    atomic_write_text(run_dir / COMPLETE, json.dumps({"config": identity, "metrics": ctx.metrics}, indent=1))
     return ctx.metrics
 
 
-def _finished(run_dir: Path, asked: str) -> dict[str, float] | None:
-    """The final metrics of a finished run of exactly this config in ``run_dir``, else None."""
+def run_identity(config: Config) -> str:
+    """What makes two configs the same run: the resolved config without where it runs (``run_dir``, however it is
+    spelled) and how it is shown and logged (``logger``), which change no step."""
+    return dump_yaml(attrs.evolve(config, run_dir=".", logger=LoggerConfig()))
+
+
+def _finished(run_dir: Path, identity: str, console: RunConsole) -> dict[str, float] | None:
+    """The final metrics of a finished run of ``identity`` in ``run_dir``, else None. A ``complete.json`` that is
+    not such a record is named in one line and ignored (the run goes on from its checkpoints); a folder in its place
+    is an error, since the record could not be written at the end."""
+    path = run_dir / COMPLETE
+    if path.is_dir():
+        raise InputError(f"{path} is a folder, where rl-core writes the record of a finished run; move it away")
     try:
-        record = json.loads((run_dir / COMPLETE).read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    if not isinstance(record, dict) or record.get("config") != asked or not isinstance(record.get("metrics"), dict):
+    except (OSError, ValueError) as exc:
+        console.warn(f"{path} is unreadable ({exc}); ignored, the run goes on from its checkpoints")
         return None
-    return dict(record["metrics"])
+    metrics = record.get("metrics") if isinstance(record, dict) else None
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("config"), str)
+        and isinstance(metrics, dict)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values())
+    ):
+        console.warn(
+            f"{path} is not a finished run's record (a config and numeric final metrics); ignored, the run goes on "
+            "from its checkpoints"
+        )
+        return None
+    return {k: float(v) for k, v in metrics.items()} if record["config"] == identity else None
 
 
 def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunConsole) -> Config:

@@ -26,7 +26,7 @@ _nonneg_float = attrs.validators.ge(0.0)
 
 @attrs.frozen(kw_only=True)
 class OptimizerConfig:
-    """AdamW by default. (Megatron configures its optimizer in ``policy.megatron_cfg.optimizer``.)"""
+    """AdamW by default; every training backend reads it (with ``policy.scheduler`` and ``policy.max_grad_norm``)."""
 
     name: Literal["adamw", "sgd"] = "adamw"
     lr: float = attrs.field(default=1e-5, validator=_pos_float)

@@ -49,6 +49,8 @@ def route_description(config: Config, device: Device) -> str:
 def select_components(config: Config, registry: Registry, device: Device) -> Selections:
     """What ``config`` selects, without building anything."""
     algorithm = registry.get("algorithm", config.algorithm)
+    if algorithm.check is not None:
+        algorithm.check(config, device)
     backend = registry.select(
         "training_backend",
         explicit=config.policy.backend,

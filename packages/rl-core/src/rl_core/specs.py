@@ -93,11 +93,14 @@ class AlgorithmSpec(ComponentSpec):
     and returns the final metrics.
 
     ``config_key`` is the algorithm's own section (``grpo``, ``sft``, ...). ``uses_rollout`` says whether the
-    loop needs a rollout engine and reward sources.
+    loop needs a rollout engine and reward sources. ``check(config, device)`` (``"cpu"`` or ``"cuda"``), if given,
+    raises ``ConfigError`` for a config the loop cannot run on that device; it runs when components are selected,
+    before any worker starts.
     """
 
     factory: Callable[[RunContext], dict[str, float]]
     uses_rollout: bool = True
+    check: Callable[[Config, str], None] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -50,7 +50,7 @@ from rl_core.rollouts import (
     sampling,
     validate_rollouts,
 )
-from rl_core.schema import LossConfig, RolloutLoopConfig
+from rl_core.schema import Config, LossConfig, RolloutLoopConfig
 
 _pos = attrs.validators.gt(0)
 
@@ -83,15 +83,20 @@ class GRPOConfig(RolloutLoopConfig):
         return {"sync": 0, "one_step": 1, "bounded": self.max_staleness}[self.async_mode]
 
 
-def run(ctx: RunContext) -> dict[str, float]:
-    cfg: GRPOConfig = ctx.config.section("grpo")
-    loss_cfg = off_policy_loss(ctx.config.loss_fn, cfg)
-    loss_fn = ClippedPGLoss(cfg=loss_cfg)
-    if cfg.ahead and ctx.config.policy.generation.colocated and ctx.device == "cuda":
+def check(config: Config, device: str) -> None:
+    """Before any worker starts: the asynchronous modes need an engine that can run while the trainer trains."""
+    cfg: GRPOConfig = config.section("grpo")
+    if cfg.ahead and config.policy.generation.colocated and device == "cuda":
         raise ConfigError(
             f"grpo.async_mode={cfg.async_mode} overlaps generation with training, which needs the engine on GPUs of its "
             "own: set policy.generation.colocated=false (or grpo.async_mode=sync)"
         )
+
+
+def run(ctx: RunContext) -> dict[str, float]:
+    cfg: GRPOConfig = ctx.config.section("grpo")
+    loss_cfg = off_policy_loss(ctx.config.loss_fn, cfg)
+    loss_fn = ClippedPGLoss(cfg=loss_cfg)
     common: dict[str, Any] = dict(
         rows_per_step=cfg.num_prompts_per_step,
         total_steps=cfg.max_num_steps,

@@ -556,21 +556,35 @@ def certify_reward_source(source: RewardSource, *, card: Card | None = None) -> 
     card.run("rewards follow the order of the inputs", "equal", order)
 
     def split() -> tuple[bool, str]:
-        cut = len(prompts) // 3
+        # uneven batches and one sample at a time: a reward that depends on the rest of its batch (a baseline, a
+        # normalisation) changes with the batch's make-up
+        cut = len(prompts) // 3 + 1
         parts = totals(source.score(prompts[:cut], responses[:cut], metadata[:cut]))
         parts += totals(source.score(prompts[cut:], responses[cut:], metadata[cut:]))
-        d = max(abs(a - b) for a, b in zip(parts, totals(whole), strict=True))
+        alone = [totals(source.score([p], [r], [m]))[0] for p, r, m in zip(prompts, responses, metadata, strict=True)]
+        d = max(abs(a - b) for got in (parts, alone) for a, b in zip(got, totals(whole), strict=True))
         return d <= 1e-5, _fmt(d)
 
-    card.run("scoring in two batches gives the same rewards", "<= 1e-05", split)
+    card.run("scoring in other batches (uneven, one at a time) gives the same rewards", "<= 1e-05", split)
 
     def concurrent() -> tuple[bool, str]:
-        with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(lambda _i: totals(source.score(prompts, responses, metadata)), range(4)))
-        d = max(abs(a - b) for r in results for a, b in zip(r, totals(whole), strict=True))
+        # each caller its own rotation of the samples: a source that mixes up concurrent requests answers one
+        # caller with another's rewards
+        def rotated(k: int) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+            return prompts[k:] + prompts[:k], responses[k:] + responses[:k], metadata[k:] + metadata[:k]
+
+        shifts = [0, 1, 5, 7]
+        with ThreadPoolExecutor(len(shifts)) as pool:
+            results = list(pool.map(lambda k: totals(source.score(*rotated(k))), shifts))
+        expected = totals(whole)
+        d = max(
+            abs(a - b)
+            for k, got in zip(shifts, results, strict=True)
+            for a, b in zip(got, expected[k:] + expected[:k], strict=True)
+        )
         return d <= 1e-5, _fmt(d)
 
-    card.run("4 concurrent callers get the same rewards", "<= 1e-05", concurrent)
+    card.run("4 concurrent callers get the rewards of their own inputs", "<= 1e-05", concurrent)
 
     def bad_input() -> tuple[bool, str, str]:
         try:

@@ -1,0 +1,88 @@
+"""``rl-core certify`` for reward sources fails every planted bug, each on the check that names it, and passes the
+real source each mutant wraps (the core's ``number_match``)."""
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from rl_core.rewards import NumberMatch
+from rl_core.testing.certify import certify_reward_source
+
+
+class Passthrough:
+    """The real source, unchanged: each mutant overrides ``score``."""
+
+    def __init__(self) -> None:
+        self.inner = NumberMatch()
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]):
+        return self.inner.score(prompts, responses, metadata)
+
+    def close(self) -> None:
+        pass
+
+
+class DropsTheLast(Passthrough):
+    def score(self, prompts, responses, metadata):
+        return super().score(prompts, responses, metadata)[:-1]
+
+
+class NaNForWrong(Passthrough):
+    def score(self, prompts, responses, metadata):
+        return [r if r > 0 else float("nan") for r in super().score(prompts, responses, metadata)]
+
+
+class Sorted(Passthrough):
+    """Rewards sorted, as a source that gathers results from workers in completion order might return them."""
+
+    def score(self, prompts, responses, metadata):
+        return sorted(super().score(prompts, responses, metadata))
+
+
+class BatchCentred(Passthrough):
+    """Subtracts the batch mean: a baseline belongs to the algorithm, and it makes rewards depend on the batch."""
+
+    def score(self, prompts, responses, metadata):
+        rewards = super().score(prompts, responses, metadata)
+        mean = sum(rewards) / len(rewards)
+        return [r - mean for r in rewards]
+
+
+class SharedScratch(Passthrough):
+    """Keeps the request on ``self`` while scoring: concurrent callers read each other's inputs."""
+
+    def score(self, prompts, responses, metadata):
+        self.pending = (list(prompts), list(responses), list(metadata))
+        time.sleep(0.05)
+        return super().score(*self.pending)
+
+
+class ZipsSilently(Passthrough):
+    """No length check: mismatched lists are cut to the shortest."""
+
+    def score(self, prompts, responses, metadata):
+        n = min(len(prompts), len(responses), len(metadata))
+        return super().score(prompts[:n], responses[:n], metadata[:n])
+
+
+MUTANTS = {
+    DropsTheLast: "one finite reward per response",
+    NaNForWrong: "one finite reward per response",
+    Sorted: "rewards follow the order of the inputs",
+    BatchCentred: "scoring in other batches (uneven, one at a time) gives the same rewards",
+    SharedScratch: "4 concurrent callers get the rewards of their own inputs",
+    ZipsSilently: "mismatched lengths raise a clear error",
+}
+
+
+def test_certify_passes_the_real_source():
+    card = certify_reward_source(Passthrough())
+    assert card.passed, card.failed()
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
+def test_certify_fails_every_planted_reward_source_bug(mutant):
+    card = certify_reward_source(mutant())
+    assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
