@@ -3,8 +3,10 @@ and pipeline parallel layouts."""
 
 from pathlib import Path
 
+import backend_mutants
 import pytest
 import torch
+from backend_mutants import MUTANTS, PerMicroBatchMean, StaleRefit
 
 from rl_core import batch as B
 from rl_core.config import load_config
@@ -185,6 +187,22 @@ def test_certify_passes_the_megatron_backend(ray_session, rl_registry, tiny_mode
         sgd=rl_registry.get("training_backend", "megatron").sgd_overrides,
     )
     assert card.passed, [r for r in card.results if not r.passed]
+
+
+@pytest.mark.parametrize("mutant", [PerMicroBatchMean, StaleRefit], ids=lambda m: m.__name__)
+def test_certify_fails_planted_bugs_around_megatron(ray_session, rl_registry, tiny_model_path, tmp_path, mutant):
+    """Planted bugs over Megatron's own loss scaling and weight export: a per-micro-batch mean under its pipeline
+    schedule, and refits that keep the first weights. Each fails certify on the check that names it."""
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(backend_mutants)  # its loss wrapper travels to the workers
+    runs = iter(range(100))
+
+    def build(overrides):
+        return mutant(make(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides), tiny_model_path)
+
+    card = certify_backend(build, tiny_model_path, tokenizer_of(tiny_model_path), tmp_path / "work", quick=True)
+    assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
 
 
 def test_refit_weights_carry_hugging_face_names(ray_session, rl_registry, tiny_model_path, tmp_path):

@@ -1,6 +1,7 @@
 """The reward server and its client, for real: uvicorn on loopback, httpx, math-verify, a tiny reward model."""
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -324,3 +325,155 @@ def test_the_client_sends_thousands_of_chunks_in_linear_time(start_server):
     remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="exact_match", batch_size=1))
     rewards = remote.score(["p"] * n, [str(i % 7) for i in range(n)], [{"answer": "3"}] * n)
     assert rewards == [1.0 if i % 7 == 3 else 0.0 for i in range(n)]
+
+
+#: a regex scorer with catastrophic backtracking: a response of a's without a b takes 2^n steps, a cheap way to
+#: a scorer call that never ends (the math-verify power tower above is another)
+SLOW = "regex:pattern=(a+)+b"
+FREEZE = "a" * 40
+
+
+def _score(server, scorer: str, responses: list[str], timeout: float = 120, **extra) -> httpx.Response:
+    body = {"scorer": scorer, "prompts": ["p"] * len(responses), "responses": responses, **extra}
+    return httpx.post(f"{server.url}/v1/score", json=body, timeout=timeout)
+
+
+def test_body_and_header_limits_hold_however_the_request_is_framed(start_server):
+    import socket
+
+    server = start_server("--scorer", "exact_match", "--max-body-bytes", "100000", "--max-header-bytes", "8192")
+    before = _rss(server)
+    # a chunked body of 20 MB behind a small Content-Length: counted as it arrives, refused past the limit
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        try:
+            for _ in range(20):
+                s.sendall(b"100000\r\n" + b"a" * 0x100000 + b"\r\n")
+        except OSError:
+            pass  # the server stopped reading: what it should do
+        s.settimeout(10)
+        answer = s.recv(300)
+    assert b" 413 " in answer, answer
+    assert _rss(server) - before < 20 * 2**20, "the body must not be read whole"
+    # headers of 100 KB in one send, past the 8 KiB limit on all of them together: refused (431 from the app, or
+    # 400 from the HTTP parser when it sees the limit pass while they arrive), never served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        junk = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(100))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + junk + b"\r\n")
+        s.settimeout(10)
+        try:
+            answer = s.recv(300)
+        except ConnectionResetError:
+            answer = b"reset"
+    assert answer == b"reset" or b" 431 " in answer or b" 400 " in answer, answer
+    ok = _score(server, "exact_match", ["1"], metadata=[{"answer": "1"}])
+    assert ok.json() == {"rewards": [1.0]}
+
+
+def test_deeply_nested_metadata_is_a_422_naming_the_limit(start_server):
+    server = start_server("--scorer", "exact_match")
+    for depth in (40, 500, 100_000):
+        body = (
+            '{"scorer": "exact_match", "prompts": ["p"], "responses": ["1"], "metadata": [{"answer": "1", "x": '
+            + "[" * depth
+            + "]" * depth
+            + "}]}"
+        )
+        reply = httpx.post(
+            f"{server.url}/v1/score", content=body, headers={"Content-Type": "application/json"}, timeout=60
+        )
+        assert reply.status_code == 422 and "nest" in reply.json()["error"], (depth, reply.status_code, reply.text)
+    assert _score(server, "exact_match", ["1"], metadata=[{"answer": "1", "x": [[1]]}]).json() == {"rewards": [1.0]}
+
+
+def test_a_freezing_input_delays_no_other_scorer_and_gets_its_422_in_seconds(start_server):
+    """Default flags: the deadline answers the freezing input in seconds, and the other scorer's requests, sent
+    meanwhile, are answered at once (each scorer has processes of its own)."""
+    server = start_server("--scorer", SLOW, "--scorer", "exact_match")
+    done: dict = {}
+    start = time.monotonic()
+    worker = threading.Thread(target=lambda: done.setdefault("reply", _score(server, "regex", [FREEZE])))
+    worker.start()
+    time.sleep(0.5)
+    waits = []
+    for _ in range(10):
+        t = time.monotonic()
+        assert _score(server, "exact_match", ["1"], metadata=[{"answer": "1"}]).json() == {"rewards": [1.0]}
+        waits.append(time.monotonic() - t)
+    worker.join(timeout=60)
+    elapsed = time.monotonic() - start
+    reply = done["reply"]
+    assert reply.status_code == 422 and "deadline of 10 s" in reply.json()["error"], reply.text
+    assert elapsed < 15, f"the freezing input took {elapsed:.1f} s to be answered"
+    assert max(waits) < 1.0, f"another scorer's requests waited {max(waits):.2f} s"
+
+
+def test_the_client_fails_only_the_samples_a_server_cannot_score(start_server):
+    server = start_server("--scorer", SLOW, "--request-timeout-s", "1")
+    responses = ["ab", FREEZE, "aab", "x"]
+    strict = RemoteRewardSource(RemoteConfig(url=server.url, scorer="regex", batch_size=4))
+    with pytest.raises(RewardServerError, match=r"1 of 4 samples could not be scored: sample 1: .*deadline of 1 s"):
+        strict.score(["p"] * 4, responses, [{}] * 4)
+    lenient = RemoteRewardSource(
+        RemoteConfig(url=server.url, scorer="regex", batch_size=4, failed_sample_reward=-1.0)
+    )
+    assert lenient.score(["p"] * 4, responses, [{}] * 4) == [1.0, -1.0, 1.0, 0.0]
+
+
+def test_replaced_workers_leak_no_descriptor_and_die_with_a_killed_server(start_server):
+    import psutil
+
+    server = start_server("--scorer", SLOW, "--request-timeout-s", "0.5")
+    proc = psutil.Process(server.proc.pid)
+
+    def scorer_pids() -> set[int]:
+        return {c.pid for c in proc.children(recursive=True) if "python" in c.name().lower()}
+
+    assert _score(server, "regex", ["ab"]).json() == {"rewards": [1.0]}
+    fds = proc.num_fds()
+    for _ in range(6):
+        assert _score(server, "regex", [FREEZE]).status_code == 422
+        assert _score(server, "regex", ["ab"]).json() == {"rewards": [1.0]}  # after the replacement started
+    assert proc.num_fds() <= fds, f"descriptors grew from {fds} to {proc.num_fds()} over 6 replacements"
+    # killed while its worker is scoring: the worker goes with it
+    def doomed() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server dies under it
+            _score(server, "regex", [FREEZE], timeout=5)
+
+    threading.Thread(target=doomed, daemon=True).start()
+    time.sleep(0.2)
+    workers = scorer_pids()
+    assert workers
+    server.proc.kill()
+    server.proc.wait(timeout=10)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
+        time.sleep(0.1)
+    alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"scorer processes outlived the killed server: {alive}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-wait-ms", "nan", "must be a finite number"),
+        ("--max-wait-ms", "inf", "must be a finite number"),
+        ("--max-wait-ms", "-1", "must be >= 0"),
+        ("--request-timeout-s", "inf", "must be a finite number"),
+        ("--request-timeout-s", "0", "must be > 0"),
+        ("--body-timeout-s", "nan", "must be a finite number"),
+        ("--workers", "0", "must be > 0"),
+        ("--micro-batch-size", "2.5", "is not an integer"),
+    ],
+)
+def test_every_numeric_flag_is_finite_and_in_range(flag, value, message):
+    run = subprocess.run(
+        [sys.executable, "-m", "rl_reward_server.cli", "serve", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from rl_core.registry import Registry
-from rl_core.schema import Config
+from rl_core.schema import LOADER_FILLED, Config
 
 
 def _type_name(tp: Any) -> str:
@@ -77,7 +77,7 @@ def _section(prefix: str, cls: type, out: list[str]) -> None:
     notes = _comments(cls)
     nested = []
     for field in attrs.fields(cls):
-        if field.name == "sections":
+        if field.name == "sections" or field.metadata.get(LOADER_FILLED):
             continue
         tp = hints[field.name]
         key = f"{prefix}.{field.name}" if prefix else field.name
@@ -103,4 +103,7 @@ def config_reference(registry: Registry) -> str:
     for name, spec in sorted(registry.specs("reward_source").items()):
         if spec.config_class is not None:
             _section(f"reward.sources[] (name: {name})", spec.config_class, out)
+    for name, env in sorted(registry.specs("environment").items()):
+        if env.config_class is not None:
+            _section(f"environment (name: {name})", env.config_class, out)
     return "\n".join(out) + "\n"

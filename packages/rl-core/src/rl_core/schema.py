@@ -18,6 +18,9 @@ import attrs
 
 from rl_core.errors import ConfigError
 
+#: field metadata: the loader fills this field from other keys (a plugin's options); it is not a key of its own
+LOADER_FILLED = "rl_core_loader_filled"
+
 _pos = attrs.validators.gt(0)
 _nonneg = attrs.validators.ge(0)
 _pos_float = attrs.validators.gt(0.0)
@@ -146,7 +149,7 @@ class DataConfig:
     #: built-in synthetic task, used when no path is given: ``parity`` ("Even or odd? 4 8 1 7" -> " odd"),
     #: ``parity_format`` (the same with coin-flip answers: a format-only SFT warm-up), ``addition`` (single digits),
     #: ``calculator`` (two-digit sums, for the calculator environment), ``calculator_format`` (its SFT warm-up:
-    #: transcripts that use the calculator half the time and guess the other half) or ``guess_number``.
+    #: transcripts that use the calculator 40% of the time and guess otherwise) or ``guess_number``.
     task: Literal["parity", "parity_format", "addition", "calculator", "calculator_format", "guess_number"] | None = (
         None
     )
@@ -165,7 +168,8 @@ class RewardSourceConfig:
 
     name: str
     weight: float = 1.0
-    options: Any = None
+    #: the source's own options (its class), from the entry's other keys.
+    options: Any = attrs.field(default=None, metadata={LOADER_FILLED: True})
 
 
 @attrs.frozen(kw_only=True)
@@ -196,8 +200,8 @@ class EnvironmentConfig:
     num_workers: int = attrs.field(default=0, validator=_nonneg)
     #: write a few of a step's episodes, turn by turn, to RUN_DIR/trajectories.jsonl every this many steps (0: never).
     save_trajectories_every: int = attrs.field(default=10, validator=_nonneg)
-    #: the environment's own options (validated by its class).
-    options: Any = None
+    #: the environment's own options (its class), from the section's other keys.
+    options: Any = attrs.field(default=None, metadata={LOADER_FILLED: True})
 
 
 @attrs.frozen(kw_only=True)

@@ -28,14 +28,29 @@ def _port(text: str) -> int:
     return port
 
 
-def _positive(kind: type) -> Any:
+def _number(kind: type, *, minimum: float, inclusive: bool = False, maximum: float | None = None) -> Any:
+    """An argparse type: a finite ``kind`` above ``minimum`` (or at it, if ``inclusive``) and up to ``maximum``."""
+
     def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        import math
+
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:g}, got {text}")
         return value
 
     return parse
+
+
+#: bounds that keep every timer and buffer a real one: a day, an hour
+_DAY_S, _HOUR_MS = 86_400.0, 3_600_000.0
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,19 +67,36 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-no-token", action="store_true", help="serve a non-loopback address without a token (not advised)"
     )
-    p.add_argument("--micro-batch-size", type=_positive(int), default=64, help="samples per scorer call")
-    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a short batch waits for more requests")
-    p.add_argument("--max-batch-size", type=_positive(int), default=4096, help="most samples one request may carry")
-    p.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024)
-    p.add_argument("--max-header-bytes", type=_positive(int), default=64 * 1024, help="longest request headers")
-    p.add_argument("--body-timeout-s", type=_positive(float), default=10.0, help="longest a body may take to arrive")
+    positive = _number(int, minimum=0)
+    p.add_argument("--micro-batch-size", type=positive, default=64, help="samples per scorer call")
+    p.add_argument(
+        "--max-wait-ms",
+        type=_number(float, minimum=0, inclusive=True, maximum=_HOUR_MS),
+        default=2.0,
+        help="how long a short batch waits for more requests",
+    )
+    p.add_argument("--max-batch-size", type=positive, default=4096, help="most samples one request may carry")
+    p.add_argument("--max-body-bytes", type=positive, default=8 * 1024 * 1024, help="largest request body")
+    p.add_argument("--max-header-bytes", type=positive, default=64 * 1024, help="longest request headers, all together")
+    p.add_argument(
+        "--body-timeout-s",
+        type=_number(float, minimum=0, maximum=_DAY_S),
+        default=10.0,
+        help="longest a body may take to arrive",
+    )
     p.add_argument(
         "--request-timeout-s",
-        type=_positive(float),
-        default=60.0,
-        help="hard deadline of one scorer call; its process is stopped and replaced past it",
+        type=_number(float, minimum=0, maximum=_DAY_S),
+        default=10.0,
+        help="hard deadline of one scorer call; its process is stopped and replaced past it (the request gets a 422)",
     )
-    p.add_argument("--workers", type=_positive(int), default=1, help="scorer processes")
+    p.add_argument("--workers", type=positive, default=1, help="scorer processes for each hosted scorer")
+    p.add_argument(
+        "--max-queued-samples",
+        type=positive,
+        default=16384,
+        help="samples waiting for one scorer beyond which requests get a 503 (retry later)",
+    )
 
 
 def _loopback(host: str) -> bool:
@@ -112,6 +144,7 @@ def serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout_s,
         request_timeout_s=args.request_timeout_s,
         workers=args.workers,
+        max_queued_samples=args.max_queued_samples,
         token=token or None,
     )
     app = create_app({name: text for (name, _s, _c), text in zip(parsed, specs, strict=True)}, settings, shapes)

@@ -5,11 +5,16 @@ Each ``score`` call splits its samples into chunks of ``batch_size`` and sends t
 servers, and retries a chunk on connection errors, timeouts and 5xx answers with
 exponential backoff, moving to the next server each time. Scoring is a pure function of the chunk, so a retry
 cannot double-count: each chunk's answer is placed once, by its index, and the rewards come back in order.
+
+A chunk the server cannot score (a 422: a sample its scorer rejects, or one that overran the server's deadline) is
+scored again one sample at a time, so that only the samples at fault fail: the call then raises an error naming
+each of them, or, with ``failed_sample_reward`` set, gives them that reward (and logs a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -18,6 +23,8 @@ from typing import Any
 import attrs
 
 from rl_core.api import InputError, RLCoreError
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +45,9 @@ class RemoteConfig:
     max_backoff_s: float = 5.0
     #: environment variable holding the bearer token, if the server wants one.
     token_env: str = "RL_REWARD_SERVER_TOKEN"
+    #: the reward of a sample the server cannot score (its scorer rejects it, or it overruns the server's deadline);
+    #: unset, such a sample fails the call with an error naming it.
+    failed_sample_reward: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.url and not self.urls:
@@ -50,6 +60,18 @@ class RemoteConfig:
 
 class RewardServerError(RLCoreError):
     """The servers could not score a chunk after every retry."""
+
+
+class Rejected(RewardServerError):
+    """The server answered that it cannot score this request (4xx): retrying it as it is will not help."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+#: one sample the server could not score: (its index in the call, why)
+Failure = tuple[int, str]
 
 
 class RemoteRewardSource:
@@ -82,8 +104,34 @@ class RemoteRewardSource:
                     client, i // size, prompts[i : i + size], responses[i : i + size], metadata[i : i + size]
                 )
 
+        failures: list[Failure] = []
+
+        async def chunk_or_samples(client: Any, i: int) -> list[Any]:
+            try:
+                return await chunk(client, i)
+            except Rejected as exc:
+                if exc.status != 422 or min(size, len(prompts) - i) == 1:
+                    raise
+            # the scorer rejected something in the chunk: each sample alone, so that only those at fault fail
+            out = []
+            for j in range(i, min(i + size, len(prompts))):
+                try:
+                    async with turns:
+                        out += await self._chunk(client, i // size, [prompts[j]], [responses[j]], [metadata[j]])
+                except Rejected as exc:
+                    failures.append((j, str(exc)))
+                    out.append(self.cfg.failed_sample_reward)
+            return out
+
         async with httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=self.headers, limits=limits) as client:
-            parts = await asyncio.gather(*(chunk(client, i) for i in range(0, len(prompts), size)))
+            parts = await asyncio.gather(*(chunk_or_samples(client, i) for i in range(0, len(prompts), size)))
+        if failures:
+            listed = "; ".join(f"sample {j}: {why}" for j, why in sorted(failures)[:5])
+            more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+            summary = f"{len(failures)} of {len(prompts)} samples could not be scored: {listed}{more}"
+            if self.cfg.failed_sample_reward is None:
+                raise RewardServerError(f"{summary}. Set failed_sample_reward to give such samples a reward instead")
+            log.warning("%s; each got failed_sample_reward %s", summary, self.cfg.failed_sample_reward)
         return [r for part in parts for r in part]
 
     async def _chunk(
@@ -109,8 +157,9 @@ class RemoteRewardSource:
                     return rewards
                 message = _message(reply)
                 if reply.status_code < 500:  # our request is wrong: retrying will not help
-                    raise RewardServerError(
-                        f"reward server {url} rejected the request ({reply.status_code}): {message}"
+                    raise Rejected(
+                        f"reward server {url} rejected the request ({reply.status_code}): {message}",
+                        reply.status_code,
                     )
                 last_error = f"{url}: {reply.status_code} {message}"
             delay = min(self.cfg.max_backoff_s, self.cfg.backoff_s * 2**attempt) * (0.5 + random.random() / 2)

@@ -1,19 +1,23 @@
 """Scoring in worker processes, so that no input can freeze the server.
 
 Each worker process builds the hosted scorers from their ``--scorer`` specs and scores one micro-batch at a time.
-A call that overruns the deadline is answered with ``ScoringTimeout`` and its process is killed and replaced (a
-computation holding the GIL cannot be interrupted any other way); the server's own process only waits, so
-``/health`` keeps answering.
+A call that overruns the deadline is answered with ``ScoringTimeout`` at once and its process is killed (a
+computation holding the GIL cannot be interrupted any other way) and replaced in the background; the server's own
+process only waits, so ``/health`` keeps answering. Worker processes die with the server (``PR_SET_PDEATHSIG`` on
+Linux), even when it is killed mid-call, and a replaced one leaves no descriptor behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
 from rl_core.api import InputError, RLCoreError
+
+log = logging.getLogger(__name__)
 
 
 class ScoringTimeout(RLCoreError):
@@ -24,8 +28,24 @@ class ScorerFailed(RLCoreError):
     """A scorer raised; the message is its ``Type: message``."""
 
 
-def _serve(conn: Any, specs: Sequence[str]) -> None:
+def _die_with(parent: int) -> None:
+    """Ask the kernel to kill this process when the server does (Linux), or it would score on, orphaned, until its
+    call ends; then make sure the server had not already gone."""
+    import os
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _serve(conn: Any, specs: Sequence[str], parent: int) -> None:
     """The worker process: build the scorers, then answer ``(name, prompts, responses, metadata)`` requests."""
+    _die_with(parent)
     from rl_core.api import Registry
     from rl_reward_server.hosting import build_scorer
 
@@ -50,14 +70,21 @@ def _serve(conn: Any, specs: Sequence[str]) -> None:
 
 
 class ScorerProcess:
-    """One worker process holding every hosted scorer."""
+    """One worker process holding the scorers of ``specs``. Started from the server's main thread (the kernel's
+    parent-death signal follows the thread that started it); ``ready()`` then waits for the scorers to be built."""
 
-    def __init__(self, specs: Sequence[str], start_timeout_s: float = 600.0) -> None:
+    def __init__(self, specs: Sequence[str]) -> None:
+        import os
+
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.proc = context.Process(target=_serve, args=(child, list(specs)), daemon=True, name="rl-reward-scorer")
+        self.proc = context.Process(
+            target=_serve, args=(child, list(specs), os.getpid()), daemon=True, name="rl-reward-scorer"
+        )
         self.proc.start()
         child.close()
+
+    def ready(self, start_timeout_s: float = 600.0) -> ScorerProcess:
         if not self.conn.poll(start_timeout_s):
             self.kill()
             raise RLCoreError(f"the scorer process did not start within {start_timeout_s:.0f} s")
@@ -65,6 +92,7 @@ class ScorerProcess:
         if status != "ready":
             self.kill()
             raise RLCoreError(f"the scorers could not be built: {message}")
+        return self
 
     def score(
         self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]], deadline_s: float
@@ -88,16 +116,21 @@ class ScorerProcess:
             self.proc.kill()
         self.proc.join(timeout=10)
         self.conn.close()
+        if self.proc.exitcode is not None:
+            self.proc.close()  # its sentinel descriptor too
 
 
 class ScorerPool:
-    """``workers`` scorer processes; a call takes an idle one, and a process that timed out is replaced."""
+    """``workers`` scorer processes; a call takes an idle one, and a process that timed out is replaced in the
+    background (the call that timed out is answered at once)."""
 
     def __init__(self, specs: Sequence[str], workers: int, deadline_s: float) -> None:
         self.specs, self.deadline_s = list(specs), deadline_s
-        self.processes = [ScorerProcess(self.specs) for _ in range(workers)]
+        started = [ScorerProcess(self.specs) for _ in range(workers)]
+        self.processes = [p.ready() for p in started]
         self.idle: asyncio.Queue[ScorerProcess] | None = None
         self.restarts = 0
+        self._replacing: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.idle = asyncio.Queue()
@@ -110,16 +143,34 @@ class ScorerPool:
         assert self.idle is not None, "start() first"
         proc = await self.idle.get()
         try:
-            return await asyncio.to_thread(proc.score, name, prompts, responses, metadata, self.deadline_s)
+            result = await asyncio.to_thread(proc.score, name, prompts, responses, metadata, self.deadline_s)
         except ScoringTimeout:
-            replacement = await asyncio.to_thread(ScorerProcess, self.specs)
-            self.processes[self.processes.index(proc)] = replacement
-            proc = replacement
-            self.restarts += 1
+            task = asyncio.create_task(self._replace(proc))
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
             raise
-        finally:
+        except BaseException:
             self.idle.put_nowait(proc)
+            raise
+        self.idle.put_nowait(proc)
+        return result
+
+    async def _replace(self, old: ScorerProcess) -> None:
+        assert self.idle is not None
+        while True:
+            new = ScorerProcess(self.specs)  # started here, on the server's main thread
+            try:
+                await asyncio.to_thread(new.ready)
+                break
+            except RLCoreError:
+                log.exception("a replacement scorer process failed to start; trying again in 5 s")
+                await asyncio.sleep(5)
+        self.processes[self.processes.index(old)] = new
+        self.restarts += 1
+        self.idle.put_nowait(new)
 
     def close(self) -> None:
+        for task in self._replacing:
+            task.cancel()
         for proc in self.processes:
             proc.kill()

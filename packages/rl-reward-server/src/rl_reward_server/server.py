@@ -3,10 +3,14 @@
 ``POST /v1/score`` takes ``{"scorer", "prompts", "responses", "metadata"?}`` and answers ``{"rewards": [...]}``
 in order. Requests to one scorer that arrive together are merged into micro-batches of up to
 ``micro_batch_size`` samples (waiting at most ``max_wait_ms`` for company), so many small requests become few
-scorer calls. The scorers run in worker processes (``rl_reward_server.pool``) under a hard deadline per call, so
-no input can freeze the server. JSON only (415 otherwise); a body must arrive within ``body_timeout_s`` (408); bad
-input is a 4xx naming the field; a scorer that overruns the deadline is a 422 for that request alone, and a scorer
-failure a 500.
+scorer calls. Each scorer runs in worker processes of its own (``rl_reward_server.pool``) under a hard deadline
+per call, so no input can freeze the server, and a slow input holds up only requests to the same scorer.
+
+Limits, each answered with a status that names it: headers beyond ``max_header_bytes`` all together (431), a body
+beyond ``max_body_bytes`` however it is framed (counted as it arrives, chunked included: 413), a body that does not
+arrive within ``body_timeout_s`` (408), JSON only (415), metadata nested deeper than ``MAX_METADATA_DEPTH`` (422),
+more than ``max_queued_samples`` waiting for one scorer (503, retry later). Bad input is a 422 naming the field; a
+scorer that overruns the deadline or rejects its input is a 422 for that request alone, and a scorer failure a 500.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from prometheus_client import (
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.api import InputError
 from rl_reward_server.pool import ScorerPool, ScoringTimeout
@@ -50,10 +55,33 @@ class ServerSettings:
     #: the longest a request's body may take to arrive.
     body_timeout_s: float = 10.0
     #: the longest one scorer call may run before its process is stopped (hard deadline).
-    request_timeout_s: float = 60.0
-    #: scorer processes.
+    request_timeout_s: float = 10.0
+    #: scorer processes for each hosted scorer.
     workers: int = 1
+    #: samples waiting for one scorer beyond which a request gets a 503.
+    max_queued_samples: int = 16384
     token: str | None = None
+
+
+#: how deeply a sample's metadata may nest (objects and lists): deeper is a 422, not a crash in the worker hand-off
+MAX_METADATA_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_METADATA_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+class Busy(Exception):
+    """More samples wait for a scorer than the server queues."""
 
 
 class ScoreRequest(BaseModel):
@@ -74,6 +102,9 @@ class ScoreRequest(BaseModel):
                 f"prompts ({n}), responses ({len(self.responses)}) and metadata "
                 f"({'absent' if self.metadata is None else len(self.metadata)}) must have the same length"
             )
+        for i, meta in enumerate(self.metadata or ()):
+            if _depth(meta) > MAX_METADATA_DEPTH:
+                raise ValueError(f"metadata[{i}] nests deeper than {MAX_METADATA_DEPTH} levels")
         return self
 
 
@@ -96,14 +127,21 @@ class Batcher:
         self.name, self.pool, self.settings, self.metrics = name, pool, settings, metrics
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        self.waiting = 0  # samples submitted and not yet answered
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._loop())
 
     async def submit(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
+        if self.waiting and self.waiting + len(prompts) > self.settings.max_queued_samples:
+            raise Busy(f"{self.waiting} samples already wait for scorer {self.name!r}; retry later")
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(prompts, responses, metadata, future))
-        return await future
+        self.waiting += len(prompts)
+        try:
+            await self.queue.put(_Job(prompts, responses, metadata, future))
+            return await future
+        finally:
+            self.waiting -= len(prompts)
 
     async def _loop(self) -> None:
         """Take everything already queued (up to the micro-batch size) at once; wait at most ``max_wait_ms`` for
@@ -196,6 +234,20 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message})
 
 
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, counted as it arrives whatever its framing (a Content-Length, chunks, or none); None as soon as it
+    passes ``limit`` bytes, before the rest is read."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # starlette's cache of Request.body(): the route reads the body from here
+    return body
+
+
 def create_app(
     scorers: Mapping[str, str],
     settings: ServerSettings | None = None,
@@ -205,19 +257,22 @@ def create_app(
     ``shapes``: how each scorer splits a request (inference_micro_batch_size, replicas), if it does."""
     settings = settings or ServerSettings()
     metrics = _Metrics.create()
-    pool = ScorerPool(list(scorers.values()), settings.workers, settings.request_timeout_s)
-    batchers = {name: Batcher(name, pool, settings, metrics) for name in scorers}
+    # a pool of processes for each scorer: an input that is slow for one scorer holds up no other
+    pools = {name: ScorerPool([spec], settings.workers, settings.request_timeout_s) for name, spec in scorers.items()}
+    batchers = {name: Batcher(name, pools[name], settings, metrics) for name in scorers}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await pool.start()
+        for pool in pools.values():
+            await pool.start()
         for b in batchers.values():
             b.start()
         yield
         for b in batchers.values():
             if b.task is not None:
                 b.task.cancel()
-        pool.close()
+        for pool in pools.values():
+            pool.close()
 
     app = FastAPI(title="rl-reward-server", version=_version(), description=__doc__, lifespan=lifespan)
 
@@ -232,6 +287,9 @@ def create_app(
         return response
 
     async def _guard(request: Request, call_next: Any) -> Response:
+        header_bytes = sum(len(k) + len(v) + 4 for k, v in request.scope["headers"])
+        if header_bytes > settings.max_header_bytes:
+            return _error(431, f"request headers of {header_bytes} bytes exceed the limit of {settings.max_header_bytes}")
         if settings.token and request.url.path not in ("/health",):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
@@ -240,16 +298,28 @@ def create_app(
             media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media != "application/json":
                 return _error(415, "the body must be JSON (Content-Type: application/json)")
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return _error(411, "a Content-Length header is required")
-            if int(length) > settings.max_body_bytes:
+            length = request.headers.get("content-length", "")
+            if length.isdigit() and int(length) > settings.max_body_bytes:
                 return _error(413, f"body of {length} bytes exceeds the limit of {settings.max_body_bytes}")
             try:  # read here, under a deadline: a half-sent body must not hold a connection open
-                await asyncio.wait_for(request.body(), settings.body_timeout_s)
+                body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.body_timeout_s)
             except TimeoutError:
                 return _error(408, f"the body did not arrive within {settings.body_timeout_s:g} s")
+            if body is None:
+                return _error(413, f"the body exceeds the limit of {settings.max_body_bytes} bytes")
         return await call_next(request)
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:
+        return _error(422, f"the body nests too deeply (metadata may nest {MAX_METADATA_DEPTH} levels)")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not parse the body (a parser recursion limit, say)
+            return _error(
+                422, f"the body could not be parsed as JSON: {exc.detail} (metadata may nest {MAX_METADATA_DEPTH} levels)"
+            )
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -287,6 +357,9 @@ def create_app(
         metadata = req.metadata or [{} for _ in req.prompts]
         try:
             rewards = await batcher.submit(req.prompts, req.responses, metadata)
+        except Busy as exc:
+            metrics.requests.labels(req.scorer, "busy").inc()
+            return JSONResponse(status_code=503, content={"error": str(exc)}, headers={"Retry-After": "1"})
         except (InputError, ScoringTimeout) as exc:
             metrics.requests.labels(req.scorer, "rejected").inc()
             return _error(422, f"scorer {req.scorer!r} could not score this request: {exc}")
