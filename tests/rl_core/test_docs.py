@@ -33,7 +33,9 @@ def _yaml_value(default: str) -> str | None:
 def reference_rows() -> list[tuple[str, str]]:
     import re
 
-    rows = re.findall(r"^\| `([^`]+)` \| `[^`]*` \| `([^`]+)` \|", (ROOT / "docs" / "config-reference.md").read_text(), re.M)
+    rows = re.findall(
+        r"^\| `([^`]+)` \| `[^`]*` \| `([^`]+)` \|", (ROOT / "docs" / "config-reference.md").read_text(), re.M
+    )
     assert len(rows) > 100
     return rows
 
@@ -65,6 +67,8 @@ def test_every_key_of_the_config_reference_is_one_the_loader_accepts(make_config
         try:
             make_config(*overrides)
         except Exception as exc:
-            raise AssertionError(f"the reference lists {key} (default {default}), the loader refuses it: {exc}")
+            raise AssertionError(
+                f"the reference lists {key} (default {default}), the loader refuses it: {exc}"
+            ) from exc
         checked += 1
     assert checked > 100

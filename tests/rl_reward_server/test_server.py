@@ -417,9 +417,7 @@ def test_the_client_fails_only_the_samples_a_server_cannot_score(start_server):
     strict = RemoteRewardSource(RemoteConfig(url=server.url, scorer="regex", batch_size=4))
     with pytest.raises(RewardServerError, match=r"1 of 4 samples could not be scored: sample 1: .*deadline of 1 s"):
         strict.score(["p"] * 4, responses, [{}] * 4)
-    lenient = RemoteRewardSource(
-        RemoteConfig(url=server.url, scorer="regex", batch_size=4, failed_sample_reward=-1.0)
-    )
+    lenient = RemoteRewardSource(RemoteConfig(url=server.url, scorer="regex", batch_size=4, failed_sample_reward=-1.0))
     assert lenient.score(["p"] * 4, responses, [{}] * 4) == [1.0, -1.0, 1.0, 0.0]
 
 
@@ -438,6 +436,7 @@ def test_replaced_workers_leak_no_descriptor_and_die_with_a_killed_server(start_
         assert _score(server, "regex", [FREEZE]).status_code == 422
         assert _score(server, "regex", ["ab"]).json() == {"rewards": [1.0]}  # after the replacement started
     assert proc.num_fds() <= fds, f"descriptors grew from {fds} to {proc.num_fds()} over 6 replacements"
+
     # killed while its worker is scoring: the worker goes with it
     def doomed() -> None:
         with contextlib.suppress(httpx.HTTPError):  # the server dies under it
@@ -450,7 +449,9 @@ def test_replaced_workers_leak_no_descriptor_and_die_with_a_killed_server(start_
     server.proc.kill()
     server.proc.wait(timeout=10)
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
+    while time.monotonic() < deadline and any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers
+    ):
         time.sleep(0.1)
     alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not alive, f"scorer processes outlived the killed server: {alive}"
@@ -465,7 +466,7 @@ def test_replaced_workers_leak_no_descriptor_and_die_with_a_killed_server(start_
         ("--request-timeout-s", "inf", "must be a finite number"),
         ("--request-timeout-s", "0", "must be > 0"),
         ("--body-timeout-s", "nan", "must be a finite number"),
-        ("--workers", "0", "must be > 0"),
+        ("--workers", "-1", "must be >= 0"),
         ("--micro-batch-size", "2.5", "is not an integer"),
     ],
 )

@@ -79,7 +79,9 @@ def test_certify_passes_the_vllm_engine(engine, tiny_model_path, tokenizer):
 @pytest.mark.parametrize(
     "mutant", [TemperedLogprobs, NoopRefit, SeedIgnored, CopiedSamples, AlwaysStop], ids=lambda m: m.__name__
 )
-def test_certify_fails_planted_bugs_around_vllm(engine, async_engine, tiny_model_path, tokenizer, mutant, restore_engine):
+def test_certify_fails_planted_bugs_around_vllm(
+    engine, async_engine, tiny_model_path, tokenizer, mutant, restore_engine
+):
     """The planted bugs whose detection depends on the engine's own numerics and sampling (vLLM's logprob noise,
     its seeded sampling of n samples, its refit): each still fails certify on the check that names it."""
     if async_engine:

@@ -90,7 +90,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="hard deadline of one scorer call; its process is stopped and replaced past it (the request gets a 422)",
     )
-    p.add_argument("--workers", type=positive, default=1, help="scorer processes for each hosted scorer")
+    p.add_argument(
+        "--workers",
+        type=_number(int, minimum=0, inclusive=True),
+        default=1,
+        help="scorer processes for each hosted scorer; 0: score in the server's own process (faster for cheap rules, "
+        "but no deadline: only for scorers that cannot hang)",
+    )
     p.add_argument(
         "--max-queued-samples",
         type=positive,

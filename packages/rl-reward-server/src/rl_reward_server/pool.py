@@ -94,11 +94,29 @@ class ScorerProcess:
             raise RLCoreError(f"the scorers could not be built: {message}")
         return self
 
-    def score(
+    async def score(
         self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]], deadline_s: float
     ) -> list[Any]:
+        """Send a call and await its answer on the event loop (the pipe's descriptor watched for readability: no
+        thread per call)."""
+        loop = asyncio.get_running_loop()
         self.conn.send((name, prompts, responses, metadata))
-        if not self.conn.poll(deadline_s):
+        answered: asyncio.Future[None] = loop.create_future()
+        fd = self.conn.fileno()
+
+        def readable() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await asyncio.wait_for(answered, deadline_s)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        finally:
+            loop.remove_reader(fd)
+        if timed_out:
             self.kill()
             raise ScoringTimeout(
                 f"scoring {len(prompts)} samples took longer than the server's deadline of {deadline_s:g} s "
@@ -118,6 +136,30 @@ class ScorerProcess:
         self.conn.close()
         if self.proc.exitcode is not None:
             self.proc.close()  # its sentinel descriptor too
+
+
+class InProcess:
+    """The scorers of ``specs`` in the server's own process (``--workers 0``): no process hop, and no deadline, so
+    only for scorers that cannot hang."""
+
+    def __init__(self, specs: Sequence[str]) -> None:
+        from rl_core.api import Registry
+        from rl_reward_server.hosting import build_scorer
+
+        registry = Registry.discover()
+        self.scorers = dict(build_scorer(spec, registry) for spec in specs)
+
+    async def score(
+        self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]
+    ) -> list[Any]:
+        return list(await asyncio.to_thread(self.scorers[name].score, prompts, responses, metadata))
+
+    async def start(self) -> None:
+        return None
+
+    def close(self) -> None:
+        for scorer in self.scorers.values():
+            scorer.close()
 
 
 class ScorerPool:
@@ -143,7 +185,7 @@ class ScorerPool:
         assert self.idle is not None, "start() first"
         proc = await self.idle.get()
         try:
-            result = await asyncio.to_thread(proc.score, name, prompts, responses, metadata, self.deadline_s)
+            result = await proc.score(name, prompts, responses, metadata, self.deadline_s)
         except ScoringTimeout:
             task = asyncio.create_task(self._replace(proc))
             self._replacing.add(task)
@@ -174,3 +216,8 @@ class ScorerPool:
             task.cancel()
         for proc in self.processes:
             proc.kill()
+
+
+def make_pool(specs: Sequence[str], workers: int, deadline_s: float) -> ScorerPool | InProcess:
+    """``workers`` processes under a deadline, or (0) the scorers in this process."""
+    return ScorerPool(specs, workers, deadline_s) if workers else InProcess(specs)

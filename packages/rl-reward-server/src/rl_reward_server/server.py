@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.api import InputError
-from rl_reward_server.pool import ScorerPool, ScoringTimeout
+from rl_reward_server.pool import InProcess, ScorerPool, ScoringTimeout, make_pool
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ServerSettings:
     body_timeout_s: float = 10.0
     #: the longest one scorer call may run before its process is stopped (hard deadline).
     request_timeout_s: float = 10.0
-    #: scorer processes for each hosted scorer.
+    #: scorer processes for each hosted scorer (0: in the server's own process, without a deadline).
     workers: int = 1
     #: samples waiting for one scorer beyond which a request gets a 503.
     max_queued_samples: int = 16384
@@ -123,7 +123,7 @@ class _Job:
 class Batcher:
     """Merges concurrent jobs for one scorer into micro-batches and runs them in the scorer processes."""
 
-    def __init__(self, name: str, pool: ScorerPool, settings: ServerSettings, metrics: _Metrics) -> None:
+    def __init__(self, name: str, pool: ScorerPool | InProcess, settings: ServerSettings, metrics: _Metrics) -> None:
         self.name, self.pool, self.settings, self.metrics = name, pool, settings, metrics
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
@@ -258,7 +258,7 @@ def create_app(
     settings = settings or ServerSettings()
     metrics = _Metrics.create()
     # a pool of processes for each scorer: an input that is slow for one scorer holds up no other
-    pools = {name: ScorerPool([spec], settings.workers, settings.request_timeout_s) for name, spec in scorers.items()}
+    pools = {name: make_pool([spec], settings.workers, settings.request_timeout_s) for name, spec in scorers.items()}
     batchers = {name: Batcher(name, pools[name], settings, metrics) for name in scorers}
 
     @contextlib.asynccontextmanager
@@ -289,7 +289,9 @@ def create_app(
     async def _guard(request: Request, call_next: Any) -> Response:
         header_bytes = sum(len(k) + len(v) + 4 for k, v in request.scope["headers"])
         if header_bytes > settings.max_header_bytes:
-            return _error(431, f"request headers of {header_bytes} bytes exceed the limit of {settings.max_header_bytes}")
+            return _error(
+                431, f"request headers of {header_bytes} bytes exceed the limit of {settings.max_header_bytes}"
+            )
         if settings.token and request.url.path not in ("/health",):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
@@ -317,7 +319,8 @@ def create_app(
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not parse the body (a parser recursion limit, say)
             return _error(
-                422, f"the body could not be parsed as JSON: {exc.detail} (metadata may nest {MAX_METADATA_DEPTH} levels)"
+                422,
+                f"the body could not be parsed as JSON: {exc.detail} (metadata may nest {MAX_METADATA_DEPTH} levels)",
             )
         return _error(exc.status_code, str(exc.detail))
 
