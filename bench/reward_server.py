@@ -1,8 +1,11 @@
 """Reward-server throughput: samples/s with request batching (micro-batches of 64 across requests) against
 one-request-at-a-time scoring (micro-batch 1, no waiting), both at 64 concurrent clients sending one sample per
-request, with a tiny (~1M) and a small (~25M) reward model and a rule (exact_match); plus p50/p99 latency. Both servers are real uvicorn
-processes on loopback. Batching amortises the per-call cost (request handling, a forward pass's fixed overhead);
-once the model's own compute dominates (the small model on 2 cores) it cannot give much more.
+request, with a tiny (~1M) and a small (~25M) reward model and a rule (exact_match); plus p50/p99 latency. All servers
+are real uvicorn processes on loopback. Batching amortises the per-call cost (request handling, a forward pass's fixed
+overhead); once the model's own compute dominates (the small model on 2 cores) it cannot give much more.
+
+Each mode runs twice: scoring in worker processes under a deadline (the default) and in the server's own process
+(``--workers 0``, how the server scored before worker processes): the baseline the isolation must not fall behind.
 
     python bench/reward_server.py [--models exact_match,qwen2-tiny,qwen2-small] [--requests 2000] [--clients 64] [--reps 2]
 """
@@ -41,7 +44,7 @@ def reward_model(root: Path, name: str) -> Path:
     return root
 
 
-def start(scorer: str, micro: int, wait_ms: float) -> tuple[subprocess.Popen, str]:
+def start(scorer: str, micro: int, wait_ms: float, workers: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -57,6 +60,8 @@ def start(scorer: str, micro: int, wait_ms: float) -> tuple[subprocess.Popen, st
             str(micro),
             "--max-wait-ms",
             str(wait_ms),
+            "--workers",
+            str(workers),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -112,7 +117,11 @@ def measure(name: str, args: argparse.Namespace) -> dict:
             model = reward_model(Path(tmp), name)
             spec = lambda micro: f"reward_model:path={model},inference_micro_batch_size={micro}"  # noqa: E731
         scorer = spec(1).split(":")[0]
-        servers = {"batched": start(spec(64), 64, 2.0), "one_at_a_time": start(spec(1), 1, 0.0)}
+        servers = {
+            f"{mode}{suffix}": start(spec(micro), micro, wait, workers)
+            for mode, micro, wait in (("batched", 64, 2.0), ("one_at_a_time", 1, 0.0))
+            for suffix, workers in (("", 1), ("_in_process", 0))
+        }
         lat: dict[str, list[float]] = {k: [] for k in servers}
         try:
             for _name, (_p, url) in servers.items():
@@ -128,7 +137,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
             for proc, _url in servers.values():
                 proc.terminate()
                 proc.wait(timeout=30)
-    b, o = stats(rates["batched"]), stats(rates["one_at_a_time"])
+    medians = {k: stats(v) for k, v in rates.items()}
 
     def pct(values: list[float], q: float) -> float:
         values = sorted(values)
@@ -136,9 +145,15 @@ def measure(name: str, args: argparse.Namespace) -> dict:
 
     return {
         "model": name,
-        "batched_samples_per_s": b,
-        "one_at_a_time_samples_per_s": o,
-        "speedup": b["median"] / o["median"],
+        "batched_samples_per_s": medians["batched"],
+        "one_at_a_time_samples_per_s": medians["one_at_a_time"],
+        "batched_in_process_samples_per_s": medians["batched_in_process"],
+        "one_at_a_time_in_process_samples_per_s": medians["one_at_a_time_in_process"],
+        "speedup": medians["batched"]["median"] / medians["one_at_a_time"]["median"],
+        "workers_vs_in_process": {
+            mode: medians[mode]["median"] / medians[f"{mode}_in_process"]["median"]
+            for mode in ("batched", "one_at_a_time")
+        },
         "latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3} for k, v in lat.items()},
     }
 
@@ -154,13 +169,16 @@ def main() -> None:
     rows = []
     for r in results:
         b, o = r["batched_samples_per_s"]["median"], r["one_at_a_time_samples_per_s"]["median"]
+        bi, oi = r["batched_in_process_samples_per_s"]["median"], r["one_at_a_time_in_process_samples_per_s"]["median"]
         lb, lo = r["latency_ms"]["batched"], r["latency_ms"]["one_at_a_time"]
+        vs = r["workers_vs_in_process"]
         rows.append(
             (
                 r["model"],
-                f"{b:.0f}",
-                f"{o:.0f}",
+                f"{b:.0f} ({bi:.0f})",
+                f"{o:.0f} ({oi:.0f})",
                 f"**{r['speedup']:.1f}x**",
+                f"**{vs['batched']:.2f}x** / **{vs['one_at_a_time']:.2f}x**",
                 f"{lb['p50']:.0f} / {lb['p99']:.0f}",
                 f"{lo['p50']:.0f} / {lo['p99']:.0f}",
             )
@@ -171,15 +189,18 @@ def main() -> None:
         rows,
         (
             "scorer",
-            "batched samples/s",
-            "one-at-a-time samples/s",
+            "batched samples/s (in-process)",
+            "one-at-a-time samples/s (in-process)",
             "batched / one-at-a-time",
+            "worker processes / in-process: batched / one-at-a-time",
             "batched p50 / p99 ms",
             "one-at-a-time p50 / p99 ms",
         ),
         notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients (aiohttp), random-init "
         f"Qwen2 sequence classifiers (tiny ~1M, small ~25M) and the exact_match rule (the HTTP path alone), "
-        f"{args.reps} alternating repetitions; client and server share the 2 cores.",
+        f"{args.reps} alternating repetitions; client and server share the 2 cores. Scoring in worker processes (the "
+        "default: a deadline per call, a pool per scorer) against the server's own process (`--workers 0`, the "
+        "pre-worker server), in the same run.",
     )
 
 

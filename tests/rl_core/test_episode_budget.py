@@ -133,3 +133,50 @@ def test_the_token_budget_cuts_turns_and_observations_as_worked_out_by_hand(epis
     # model turns: A 2, B 1, C 1, D 1
     assert metrics["env/turns"] == pytest.approx(5 / 4)
     assert metrics["env/ended_budget"] == pytest.approx(3 / 4) and metrics["env/ended_done"] == pytest.approx(1 / 4)
+
+
+class FaultyEnvironment(ScriptedEnvironment):
+    """Row "E" cannot start (reset raises); row "F"'s tool hangs past the step deadline."""
+
+    def reset(self, row):
+        if row["prompt"] == "E":
+            raise ValueError("no such puzzle")
+        return super().reset(row)
+
+    def step(self, state, action):
+        if state == "F":
+            import time
+
+            time.sleep(5)
+        return super().step(state, action)
+
+
+def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(make_config, caplog):
+    from rl_core.rollouts import rollout_batch
+
+    TURNS.update({"E": ["never"], "F": ["ab"]})
+    config = make_config(
+        "environment.name=calculator",
+        "environment.max_turns=2",
+        "environment.max_total_tokens=16",
+        "environment.step_timeout_s=0.5",
+        "environment.schedule=lockstep",
+    )
+    runner = EnvironmentRunner(FaultyEnvironment(), "faulty", config.environment, ())
+    ctx = _context(config, ScriptedEngine(), CharTokenizer(), runner)
+    try:
+        rollouts, rewards, metrics, transcripts = run_episodes(
+            ctx, runner, [{"prompt": p} for p in ("A", "E", "F")], SamplingParams(n=1, max_new_tokens=16)
+        )
+    finally:
+        runner.close()
+        del TURNS["E"], TURNS["F"]
+    ended = [t["ended"] for t in transcripts]
+    assert ended[0] == "max_turns" and ended[1].startswith("error: reset: ValueError") and ended[2] == "timeout"
+    assert [len(r.token_ids) for r in rollouts] == [2 * (4 + 3), 0, 2]  # A: two turns, each answered
+    assert metrics["env/ended_error"] == pytest.approx(1 / 3) and metrics["env/ended_timeout"] == pytest.approx(1 / 3)
+    faults = [r.getMessage() for r in caplog.records if r.name == "rl_core.episodes"]
+    assert len(faults) == 1 and "1 episode(s) ended by a step past environment.step_timeout_s" in faults[0]
+    assert "1 by an error" in faults[0]
+    batch = rollout_batch(rollouts, 0, 32)  # an episode with no turn still trains as an empty response
+    assert batch["loss_mask"][1].sum() == 0 and batch["loss_mask"][0].sum() == 8

@@ -136,3 +136,14 @@ def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_con
     (tmp_path / "folder" / COMPLETE).mkdir(parents=True)
     with pytest.raises(InputError, match="is a folder, where rl-core writes the record of a finished run"):
         _finished(tmp_path / "folder", run_identity(config), Record())
+
+
+def test_a_damaged_weights_file_is_named_before_anything_starts(make_config, tiny_model_path, tmp_path: Path):
+    import shutil
+
+    damaged = tmp_path / "model"
+    shutil.copytree(tiny_model_path, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(InputError, match=r"policy.model_name: .*model.safetensors is damaged .*write the model folder"):
+        prepare(make_config, f"policy.model_name={damaged}")

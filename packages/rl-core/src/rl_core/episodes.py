@@ -4,7 +4,8 @@ An episode's token ids are built incrementally from what the engine sampled and 
 earlier turn is ever re-tokenized, so the trainer scores exactly the tokens the model produced (and the engine's
 logprob of each). Environment tokens carry logprob 0 and no loss (``Rollout.sampled``). An episode ends when the
 environment says so, after ``max_turns``, when its tokens reach ``max_total_tokens``, or when an environment step
-raises or overruns ``step_timeout_s`` (the episode ends with that reason; the run goes on). Environment steps run
+raises or overruns ``step_timeout_s`` (the episode ends with that reason; the run goes on, and one line names such
+episodes), or when its ``reset`` raises (the row's episodes end at once, with no turn). Environment steps run
 in this process (threads) or, with ``environment.num_workers``, in Ray actors (a step that overruns there has its
 actor replaced).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,8 @@ from rl_core.protocols import Environment, Rollout, RolloutEngine, SamplingParam
 if TYPE_CHECKING:
     from rl_core.context import RunContext
     from rl_core.schema import EnvironmentConfig
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define
@@ -158,21 +162,26 @@ def run_episodes(
     cfg, tok = runner.cfg, ctx.tokenizer
     episodes = []
     for i, example in enumerate(examples):
-        prompt, state = runner.env.reset(example)
-        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        try:
+            prompt, state, ended = *runner.env.reset(example), None
+        except Exception as exc:  # this row's episodes end at once, the run goes on
+            prompt, state, ended = str(example.get(ctx.config.data.prompt_key, "")), None, f"error: reset: {exc!r}"
+        ids = tok(prompt, add_special_tokens=False)["input_ids"] or [tok.eos_token_id]
         if len(ids) + cfg.max_total_tokens > ctx.config.policy.max_total_sequence_length:
             raise InputError(
                 f"an episode's prompt ({len(ids)} tokens) plus environment.max_total_tokens ({cfg.max_total_tokens}) is "
                 f"more than policy.max_total_sequence_length ({ctx.config.policy.max_total_sequence_length})"
             )
-        episodes += [Episode(i, j, list(ids), state) for j in range(params.n)]
+        episodes += [Episode(i, j, list(ids), state, ended=ended) for j in range(params.n)]
     turns = Turns(runner, tok, params)
+    under_way = [e for e in episodes if e.ended is None]
     if streaming(cfg.schedule, ctx.engine):
-        asyncio.run(turns.stream_all(ctx.engine, episodes))
+        asyncio.run(turns.stream_all(ctx.engine, under_way))
     else:
-        turns.lockstep(ctx.engine, episodes)
+        turns.lockstep(ctx.engine, under_way)
     for episode in episodes:
         episode.ended = episode.ended or "max_turns"
+    _report_faults(runner, [e for e in episodes if e.ended and e.ended.startswith(("timeout", "error"))], tok)
     ends = [e.ended.split(":")[0] for e in episodes if e.ended]
     metrics = {
         "env/turns": sum(sum(t["role"] == "model" for t in e.turns) for e in episodes) / len(episodes),
@@ -182,6 +191,26 @@ def run_episodes(
         {"prompt": tok.decode(e.prompt_ids), "turns": e.turns, "reward": e.reward, "ended": e.ended} for e in episodes
     ]
     return [e.rollout(tok) for e in episodes], [e.reward for e in episodes], metrics, transcripts
+
+
+def _report_faults(runner: EnvironmentRunner, faulty: Sequence[Episode], tok: Any) -> None:
+    """One line (console and driver log) for a batch's episodes that the environment ended by a timeout or an
+    error, naming the first; their counts are in the step's ``env/ended_*`` metrics."""
+    if not faulty:
+        return
+    timeouts = sum(e.ended == "timeout" for e in faulty)
+    first = faulty[0]
+    log.warning(
+        "environment %r: %d episode(s) ended by a step past environment.step_timeout_s (%g s), %d by an error; "
+        "first: prompt %r, after %d model turn(s): %s",
+        runner.name,
+        timeouts,
+        runner.cfg.step_timeout_s,
+        len(faulty) - timeouts,
+        tok.decode(first.prompt_ids)[:80],
+        sum(t["role"] == "model" for t in first.turns),
+        first.ended,
+    )
 
 
 def streaming(schedule: str, engine: RolloutEngine) -> bool:

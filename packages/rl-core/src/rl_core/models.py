@@ -21,7 +21,7 @@ def resolve_model_path(model_name: str) -> str:
 
 def check_model_folder(path: str, *, key: str = "policy.model_name", trust_remote_code: bool = False) -> None:
     """A clear error, naming ``key``, unless ``path`` is a local Hugging Face folder of a causal language model
-    (``config.json`` with a ``*ForCausalLM`` architecture, and weights)."""
+    (``config.json`` with a ``*ForCausalLM`` architecture, and weights whose safetensors headers are whole)."""
     folder = Path(path)
     if not folder.is_dir():
         raise InputError(
@@ -47,3 +47,13 @@ def check_model_folder(path: str, *, key: str = "policy.model_name", trust_remot
         )
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise InputError(f"{key}: {path!r} has a config.json but no weights (*.safetensors or *.bin)")
+    from safetensors import safe_open
+
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:  # reads the header and checks it against the file's size: a truncated or garbled file fails here
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as exc:
+            raise InputError(
+                f"{key}: {weights} is damaged ({type(exc).__name__}: {exc}); write the model folder again"
+            ) from None
