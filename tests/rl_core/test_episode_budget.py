@@ -165,7 +165,7 @@ def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(mak
     runner = EnvironmentRunner(FaultyEnvironment(), "faulty", config.environment, ())
     ctx = _context(config, ScriptedEngine(), CharTokenizer(), runner)
     try:
-        rollouts, rewards, metrics, transcripts = run_episodes(
+        rollouts, _rewards, metrics, transcripts = run_episodes(
             ctx, runner, [{"prompt": p} for p in ("A", "E", "F")], SamplingParams(n=1, max_new_tokens=16)
         )
     finally:
