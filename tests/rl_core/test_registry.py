@@ -108,3 +108,25 @@ def test_asynchronous_grpo_with_a_colocated_engine_on_gpus_is_refused_before_any
     select_components(one_step, rl_registry, "cpu")
     select_components(make_config("grpo.async_mode=one_step", "policy.generation.colocated=false"), rl_registry, "cuda")
     select_components(make_config(), rl_registry, "cuda")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce"])
+def test_rollouts_that_do_not_make_whole_optimizer_steps_are_refused_before_anything_starts(
+    rl_registry, make_config, algorithm
+):
+    from rl_core.selection import select_components
+
+    config = make_config(
+        f"algorithm={algorithm}",
+        f"{algorithm}.num_prompts_per_step=3",
+        f"{algorithm}.num_generations_per_prompt=5",
+        "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=1",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=rf"{algorithm}.num_prompts_per_step x {algorithm}.num_generations_per_prompt \(3 x 5 = 15 rollouts a "
+        r"step\) is not a multiple of policy.train_global_batch_size \(8\); change one of them, e.g. "
+        r"policy.train_global_batch_size=5",
+    ):
+        select_components(config, rl_registry, "cpu")

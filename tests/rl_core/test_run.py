@@ -147,3 +147,24 @@ def test_a_damaged_weights_file_is_named_before_anything_starts(make_config, tin
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(InputError, match=r"policy.model_name: .*model.safetensors is damaged .*write the model folder"):
         prepare(make_config, f"policy.model_name={damaged}")
+
+
+def test_an_enabled_logger_whose_package_is_missing_is_named_before_anything_starts(make_config, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(
+        InputError, match=r"logger.wandb_enabled is on, but wandb is not installed: pip install 'rl-core\[wandb\]'"
+    ):
+        prepare(make_config, "logger.wandb_enabled=true")
+
+
+def test_lengths_beyond_the_model_or_the_sequence_are_named_before_anything_starts(make_config, tiny_model_path):
+    model = f"policy.model_name={tiny_model_path}"
+    with pytest.raises(
+        ConfigError, match=r"policy.max_total_sequence_length \(2048\) is more than the model's context \(1024"
+    ):
+        prepare(make_config, model, "policy.max_total_sequence_length=2048")
+    with pytest.raises(ConfigError, match=r"policy.generation.max_new_tokens \(600\) leaves no room for a prompt"):
+        prepare(make_config, model, "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=600")

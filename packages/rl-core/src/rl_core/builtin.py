@@ -30,6 +30,7 @@ def rl_algorithms() -> list[AlgorithmSpec]:
         AlgorithmSpec(
             name="reinforce",
             factory=reinforce.run,
+            check=reinforce.check,
             config_key="reinforce",
             config_class=reinforce.ReinforceConfig,
             description="REINFORCE, RLOO baseline, KL to the initial policy in the reward",
@@ -122,7 +123,13 @@ def _mlflow(config: Config, run_dir: Path) -> MetricsLogger:
 @hookimpl
 def rl_loggers() -> list[LoggerSpec]:
     return [
-        LoggerSpec(name=name, factory=factory, config_key=f"logger.{name}_enabled", package=f"rl-core[{name}]")
+        LoggerSpec(
+            name=name,
+            factory=factory,
+            config_key=f"logger.{name}_enabled",
+            package=f"rl-core[{name}]",
+            requires=(name,),
+        )
         for name, factory in (("tensorboard", _tensorboard), ("wandb", _wandb), ("mlflow", _mlflow))
     ]
 

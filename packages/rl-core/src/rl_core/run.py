@@ -30,7 +30,7 @@ from rl_core.protocols import MetricsLogger
 from rl_core.registry import Registry
 from rl_core.schema import Config, LoggerConfig
 from rl_core.selection import Selections, select_components
-from rl_core.specs import ComponentSpec
+from rl_core.specs import ComponentSpec, LoggerSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -74,14 +74,20 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     run_dir = Path(config.run_dir).resolve()
     check_run_folder(run_dir)
     device = detected_device(config)
-    select_components(config, registry, device)  # a selection error before a warm-up spends minutes
-    if config.warmup_recipe:
-        config = _run_warmup(config, registry, run_dir, console)
+    # what a warm-up would otherwise find out only minutes later: the selection, loggers, the model and its context
+    chosen = select_components(config, registry, device)
+    check_loggers(config, registry)
     policy = config.policy
     model = resolve_model_path(policy.model_name)
     check_model_folder(model, trust_remote_code=policy.trust_remote_code)
+    check_lengths(config, model, rollouts=chosen.engine is not None)
     if policy.tokenizer_name and not Path(policy.tokenizer_name).is_dir():
         raise InputError(f"policy.tokenizer_name: no tokenizer folder at {policy.tokenizer_name!r}")
+    if config.warmup_recipe:
+        config = _run_warmup(config, registry, run_dir, console)
+        policy = config.policy
+        model = resolve_model_path(policy.model_name)
+        check_model_folder(model, trust_remote_code=policy.trust_remote_code)
     # a checkpoint holds the weights and AdamW's two moments in fp32: about 3x the fp32 model, counted twice to
     # leave room for the next one being written
     check_run_folder(run_dir, need_bytes=6 * _model_bytes(model) if config.checkpointing.enabled else 0)
@@ -101,17 +107,60 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     return PreparedRun(config=config, run_dir=run_dir, device=device, selections=selections)
 
 
-def make_loggers(config: Config, registry: Registry, run_dir: Path, stack: contextlib.ExitStack) -> list[MetricsLogger]:
-    """JSONL always; each registered logger whose ``logger.<name>_enabled`` flag is on (plugins' loggers without
-    a ``config_key`` are always on)."""
-    loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
-    stack.callback(loggers[0].close)
+def check_lengths(config: Config, model: str, *, rollouts: bool) -> None:
+    """``policy.max_total_sequence_length`` within the model's context, and room in it for a prompt after
+    ``policy.generation.max_new_tokens``."""
+    from transformers import AutoConfig
+
+    policy = config.policy
+    context = getattr(
+        AutoConfig.from_pretrained(model, trust_remote_code=policy.trust_remote_code), "max_position_embeddings", None
+    )
+    if context is not None and policy.max_total_sequence_length > context:
+        raise ConfigError(
+            f"policy.max_total_sequence_length ({policy.max_total_sequence_length}) is more than the model's context "
+            f"({context}, max_position_embeddings in {model}/config.json); lower it"
+        )
+    new_tokens = policy.generation.max_new_tokens
+    if rollouts and new_tokens >= policy.max_total_sequence_length:
+        raise ConfigError(
+            f"policy.generation.max_new_tokens ({new_tokens}) leaves no room for a prompt within "
+            f"policy.max_total_sequence_length ({policy.max_total_sequence_length}); lower it, or raise the other"
+        )
+
+
+def enabled_loggers(config: Config, registry: Registry) -> list[LoggerSpec]:
+    """The registered loggers whose ``logger.<name>_enabled`` flag is on (plugins' loggers without a ``config_key``
+    are always on)."""
+    out = []
     for spec in registry.specs("logger").values():
         flag = spec.config_key.removeprefix("logger.") if spec.config_key else None
         if flag is None or getattr(config.logger, flag, False):
-            logger = spec.factory(config, run_dir)
-            stack.callback(logger.close)
-            loggers.append(logger)
+            out.append(spec)
+    return out
+
+
+def check_loggers(config: Config, registry: Registry) -> None:
+    """Each enabled logger's modules import, or a clear error naming the flag and the package, now."""
+    import importlib.util
+
+    for spec in enabled_loggers(config, registry):
+        missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            raise InputError(
+                f"{spec.config_key or 'logger ' + spec.name} is on, but {', '.join(missing)} is not installed: "
+                f"pip install '{spec.package or missing[0]}', or turn the logger off"
+            )
+
+
+def make_loggers(config: Config, registry: Registry, run_dir: Path, stack: contextlib.ExitStack) -> list[MetricsLogger]:
+    """JSONL always, and every enabled logger."""
+    loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
+    stack.callback(loggers[0].close)
+    for spec in enabled_loggers(config, registry):
+        logger = spec.factory(config, run_dir)
+        stack.callback(logger.close)
+        loggers.append(logger)
     return loggers
 
 

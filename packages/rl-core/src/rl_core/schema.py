@@ -339,3 +339,17 @@ class RolloutLoopConfig:
     #: into ``inference_micro_batch_size`` chunks over ``replicas`` needs ``inference_micro_batch_size x replicas
     #: <= rollout_micro_batch_size`` (checked when the run starts).
     rollout_micro_batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(_pos))
+
+    def check_batch(self, policy: PolicyConfig, section: str) -> None:
+        """A step's rollouts (prompts x generations) must split into whole optimizer steps of
+        ``policy.train_global_batch_size`` rows, or some rollouts would train in a smaller, differently weighted
+        update."""
+        rows, size = self.num_prompts_per_step * self.num_generations_per_prompt, policy.train_global_batch_size
+        if rows % size:
+            fits = [d for d in range(1, rows + 1) if rows % d == 0 and d % policy.train_micro_batch_size == 0]
+            hint = f"e.g. policy.train_global_batch_size={max(d for d in fits if d <= size)}" if fits else ""
+            raise ConfigError(
+                f"{section}.num_prompts_per_step x {section}.num_generations_per_prompt ({self.num_prompts_per_step} x "
+                f"{self.num_generations_per_prompt} = {rows} rollouts a step) is not a multiple of "
+                f"policy.train_global_batch_size ({size}); change one of them{', ' + hint if hint else ''}"
+            )

@@ -105,9 +105,11 @@ class AlgorithmSpec(ComponentSpec):
 
 @attrs.frozen(kw_only=True)
 class LoggerSpec(ComponentSpec):
-    """A metrics logger. ``factory(config, run_dir) -> MetricsLogger``; enabled by ``logger.<name>_enabled``."""
+    """A metrics logger. ``factory(config, run_dir) -> MetricsLogger``; enabled by ``logger.<name>_enabled``.
+    ``requires``: the modules it imports, checked (naming ``package``) before any worker starts."""
 
     factory: Callable[[Config, Path], MetricsLogger]
+    requires: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -84,8 +84,10 @@ class GRPOConfig(RolloutLoopConfig):
 
 
 def check(config: Config, device: str) -> None:
-    """Before any worker starts: the asynchronous modes need an engine that can run while the trainer trains."""
+    """Before any worker starts: whole optimizer steps, and an engine that can run while the trainer trains for the
+    asynchronous modes."""
     cfg: GRPOConfig = config.section("grpo")
+    cfg.check_batch(config.policy, "grpo")
     if cfg.ahead and config.policy.generation.colocated and device == "cuda":
         raise ConfigError(
             f"grpo.async_mode={cfg.async_mode} overlaps generation with training, which needs the engine on GPUs of its "

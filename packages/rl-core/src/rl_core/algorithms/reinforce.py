@@ -38,7 +38,7 @@ from rl_core.rollouts import (
     sampling,
     validate_rollouts,
 )
-from rl_core.schema import LossConfig, RolloutLoopConfig
+from rl_core.schema import Config, LossConfig, RolloutLoopConfig
 
 
 @attrs.frozen(kw_only=True)
@@ -52,6 +52,11 @@ class ReinforceConfig(RolloutLoopConfig):
 
 #: the loss REINFORCE uses: -A * log pi per token, no ratio and no KL term (the KL is in the reward).
 REINFORCE_LOSS = LossConfig(disable_ppo_ratio=True, reference_policy_kl_penalty=0.0, token_level_loss=True)
+
+
+def check(config: Config, device: str) -> None:
+    """Before any worker starts: a step's rollouts make whole optimizer steps."""
+    config.section("reinforce").check_batch(config.policy, "reinforce")
 
 
 def run(ctx: RunContext) -> dict[str, float]:
