@@ -130,3 +130,37 @@ def test_rollouts_that_do_not_make_whole_optimizer_steps_are_refused_before_anyt
         r"policy.train_global_batch_size=5",
     ):
         select_components(config, rl_registry, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("error", "module", "advice"),
+    [
+        (
+            ModuleNotFoundError("No module named 'fancy_kernels'", name="fancy_kernels"),
+            "rl_backend_x.plugin",
+            "It needs 'fancy_kernels', which is not installed: install the package that provides it",
+        ),
+        (
+            ModuleNotFoundError("No module named 'rl_backend_x'", name="rl_backend_x"),
+            "rl_backend_x.plugin",
+            "Its own module is missing: reinstall it: pip install --force-reinstall rl-backend-x",
+        ),
+        (
+            ModuleNotFoundError("No module named 'rl_backend_x.plugin'", name="rl_backend_x.plugin"),
+            "rl_backend_x.plugin",
+            "Its own module is missing: reinstall it",
+        ),
+        (RuntimeError("bad code"), "rl_backend_x.plugin", "Its code failed while importing: update rl-backend-x"),
+    ],
+)
+def test_a_plugin_that_fails_to_import_gets_advice_that_fits_the_failure(error, module, advice):
+    """Reinstalling is advice only when the plugin's own module is missing; a missing dependency is named."""
+    from rl_core.registry import import_advice
+
+    assert import_advice(error, module, "rl-backend-x").startswith(advice)
+
+
+def test_two_distributions_with_one_plugin_name_are_told_how_to_keep_one():
+    reg = Registry.discover(entry_points=False, extra=[("twin", backend_plugin("a", 1, "p.a"))])
+    with pytest.raises(PluginError, match=r"two plugins are named 'twin'.* Keep one: pip uninstall twin"):
+        reg._add("twin", backend_plugin("b", 1, "p.b"), "twin", "1")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.console import RunConsole
-from rl_core.errors import ConfigError, InputError, RLCoreError
+from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
 from rl_core.hookspecs import hookimpl
 from rl_core.registry import Registry
 from rl_core.run import prepare_run, run_config
@@ -67,7 +67,9 @@ def test_a_failing_factory_leaks_no_worker_of_what_was_built(ray_session, make_c
         "warmup_recipe=null", f"policy.model_name={tiny_model_path}", "policy.generation.backend=failing"
     )
     before = {k for k, v in ray.util.placement_group_table().items() if v["state"] != "REMOVED"}
-    with pytest.raises(RuntimeError, match="engine factory failed on purpose"):
+    with pytest.raises(
+        PluginError, match=r"rollout engine 'failing' \(test\) failed to start: RuntimeError: engine factory failed on"
+    ):
         run_config(config, registry, RunConsole(progress=False))
     left = {k for k, v in ray.util.placement_group_table().items() if v["state"] != "REMOVED"} - before
     assert not left, "the backend built before the failing engine must be shut down (its placement group removed)"

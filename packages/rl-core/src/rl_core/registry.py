@@ -89,6 +89,8 @@ class PluginInfo:
     version: str
     status: Literal["loaded", "failed", "disabled"]
     error: str | None = None
+    #: what to do about ``error``.
+    advice: str = ""
     hooks: tuple[str, ...] = ()
     #: the module holding its hooks (its top-level package's loggers show on the run's terminal).
     module: str = ""
@@ -119,6 +121,20 @@ class Selection:
             others = ", ".join(f"{s.name} {s.priority}" for s in self.runners_up)
             extra = f"; also enabled: {others}"
         return f"{words}: {self.chosen.name} ({self.reason}{extra})"
+
+
+def import_advice(exc: BaseException, module: str, distribution: str) -> str:
+    """What to do about a plugin module that failed to import: a dependency it imports is missing (install that), its
+    own module is missing (the installation is broken: reinstall it), or its code raised (report it to its authors)."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        own = module.split(".")[0]
+        if exc.name == own or module.startswith(exc.name + ".") or exc.name.startswith(own + "."):
+            return f"Its own module is missing: reinstall it: pip install --force-reinstall {distribution}"
+        return (
+            f"It needs {exc.name!r}, which is not installed: install the package that provides it (often pip install "
+            f"{exc.name.split('.')[0]}), or {distribution} with the extra that brings it"
+        )
+    return f"Its code failed while importing: update {distribution}, or report the error to its authors"
 
 
 def disabled_from_env() -> frozenset[str]:
@@ -174,9 +190,12 @@ class Registry:
             try:
                 module = ep.load()
             except Exception as exc:  # a broken plugin must not break the others
-                log.warning("plugin %r (%s %s) failed to import and is skipped: %r", ep.name, dist, version, exc)
+                advice = import_advice(exc, ep.module, dist)
+                log.warning(
+                    "plugin %r (%s %s) failed to import and is skipped: %r. %s", ep.name, dist, version, exc, advice
+                )
                 reg.plugins[ep.name] = PluginInfo(
-                    name=ep.name, distribution=dist, version=version, status="failed", error=repr(exc)
+                    name=ep.name, distribution=dist, version=version, status="failed", error=repr(exc), advice=advice
                 )
                 continue
             reg._add(ep.name, module, dist, version)
@@ -188,7 +207,8 @@ class Registry:
         if name in self.plugins and self.plugins[name].status == "loaded":
             other = self.plugins[name]
             raise PluginError(
-                f"two plugins are named {name!r}: from {other.distribution} {other.version} and from {dist} {version}"
+                f"two plugins are named {name!r}: from {other.distribution} {other.version} and from {dist} {version}. "
+                f"Keep one: pip uninstall {dist} (or {other.distribution}); rl-core plugins lists what is installed"
             )
         self.pm.register(module, name=name)
         collected: dict[str, list[Any]] = {}
@@ -206,7 +226,12 @@ class Registry:
             self.pm.unregister(name=name)
             log.warning("plugin %r (%s %s) failed to register and is skipped: %r", name, dist, version, exc)
             self.plugins[name] = PluginInfo(
-                name=name, distribution=dist, version=version, status="failed", error=repr(exc)
+                name=name,
+                distribution=dist,
+                version=version,
+                status="failed",
+                error=repr(exc),
+                advice=f"Its hooks failed while registering: update {dist}, or report the error to its authors",
             )
             return
         for kind, records in collected.items():
@@ -298,7 +323,7 @@ class Registry:
         if info is not None and info.status == "failed":
             return (
                 f"{words} {name!r} {provided} ({info.distribution} {info.version}) failed to import: {info.error}. "
-                f"Reinstall it: pip install --force-reinstall {info.distribution}"
+                f"{info.advice}"
             )
         hint = f" Install it: pip install '{package}'." if package else ""
         failed = sorted(p.name for p in self.plugins.values() if p.status == "failed")

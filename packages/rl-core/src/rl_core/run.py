@@ -11,9 +11,9 @@ import contextlib
 import json
 import random
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -22,7 +22,7 @@ from rl_core.config import dump_yaml, load_config
 from rl_core.console import RunConsole
 from rl_core.context import NamedRewardSource, RunContext
 from rl_core.data import load_split
-from rl_core.errors import ConfigError, InputError
+from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
 from rl_core.metrics import JsonlLogger
 from rl_core.models import check_model_folder, resolve_model_path
 from rl_core.placement import Device, detected_device
@@ -31,6 +31,8 @@ from rl_core.registry import Registry
 from rl_core.schema import Config, LoggerConfig
 from rl_core.selection import Selections, select_components
 from rl_core.specs import ComponentSpec, LoggerSpec
+
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -174,7 +176,8 @@ def build_components(
     rewards: list[NamedRewardSource] = []
     if chosen.engine is not None:
         for entry in config.reward.sources:
-            source = registry.get("reward_source", entry.name).factory(entry.options)
+            spec = registry.get("reward_source", entry.name)
+            source = started("reward source", spec, lambda: spec.factory(entry.options))  # noqa: B023 - called now
             stack.callback(source.close)
             rewards.append(NamedRewardSource(name=entry.name, weight=entry.weight, source=source))
         check_micro_batching(config, rewards)
@@ -192,15 +195,21 @@ def build_components(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.policy.tokenizer_name or config.policy.model_name)
-    backend_spec = chosen.backend.chosen
-    backend = registry.get("training_backend", backend_spec.name).factory(
-        config, config.sections.get(backend_spec.config_key or "")
+    backend_spec = registry.get("training_backend", chosen.backend.chosen.name)
+    backend = started(
+        "training backend",
+        backend_spec,
+        lambda: backend_spec.factory(config, config.sections.get(backend_spec.config_key or "")),
     )
     stack.callback(backend.shutdown)
     engine = None
     if chosen.engine is not None:
         engine_spec = registry.get("rollout_engine", chosen.engine.chosen.name)
-        engine = engine_spec.factory(config, config.sections.get(engine_spec.config_key or ""))
+        engine = started(
+            "rollout engine",
+            engine_spec,
+            lambda: engine_spec.factory(config, config.sections.get(engine_spec.config_key or "")),
+        )
         stack.callback(engine.shutdown)
     return RunContext(
         config=config,
@@ -217,6 +226,19 @@ def build_components(
         loggers=loggers,
         environment=environment,
     )
+
+
+def started(kind: str, spec: ComponentSpec, factory: Callable[[], T]) -> T:
+    """``factory()``, its failure named with the component, its kind and its distribution (errors that already say
+    what is wrong and what to do, ``RLCoreError``, pass as they are)."""
+    try:
+        return factory()
+    except RLCoreError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"{kind} {spec.name!r} ({spec.package or 'package unknown'}) failed to start: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _describe(spec: ComponentSpec) -> str:
