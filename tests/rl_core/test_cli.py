@@ -64,7 +64,7 @@ def test_typo_error_and_debug_traceback():
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "did you mean 'grpo.num_prompts_per_step'" in " ".join(out.stderr.split())
     debug = rl_core("--debug", "run", "grpo.num_prompt_per_step=3")
-    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # re-raised: Python exits with 1
 
 
 def test_version_lists_every_package():
@@ -128,3 +128,27 @@ def test_explain_lines_are_never_wrapped_when_piped():
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stdout.splitlines() if line.startswith("weight transport:"))
     assert line.endswith("else object_store") and len(line) > 80
+
+
+def test_run_help_shows_examples_and_global_flags_work_after_the_subcommand():
+    helped = rl_core("run", "--help")
+    assert helped.returncode == 0 and "examples:" in helped.stdout and "grpo.max_num_steps=100" in helped.stdout
+    after = rl_core("run", "grpo.num_prompt_per_step=3", "--debug")  # --debug after the subcommand: the traceback
+    assert after.returncode == 1 and "Traceback" in after.stderr
+    quiet = rl_core("run", "grpo.num_prompt_per_step=3", "--verbose")
+    assert quiet.returncode == 2 and "unrecognized arguments" not in quiet.stderr
+
+
+def test_dry_run_shows_config_components_placement_and_data_and_starts_nothing(tmp_path):
+    out = rl_core("run", f"run_dir={tmp_path / 'run'}", "grpo.max_num_steps=3", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for part in (
+        "== resolved config",
+        "max_num_steps: 3",
+        "training backend: dtensor",
+        "== placement",
+        "train: 2048 rows",
+    ):
+        assert part in text, part
+    assert "dry run: nothing started" in text and not (tmp_path / "run").exists()

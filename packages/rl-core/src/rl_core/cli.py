@@ -126,11 +126,48 @@ def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
 
     path, overrides = _split_config(args.items)
     config = load_config(path, overrides, registry)
+    if args.dry_run:
+        return dry_run(config, registry)
     if args.debug:  # every refit's weights verified
         config = attrs.evolve(config, health=attrs.evolve(config.health, verify_refit_every=1))
     run_console = RunConsole(console, progress=config.logger.progress, verbose=args.verbose)
     with run_logs(Path(config.run_dir).resolve(), verbose=args.verbose or args.debug, packages=registry.packages()):
         run_config(config, registry, run_console)
+    return 0
+
+
+def dry_run(config: Any, registry: Registry) -> int:
+    """What ``rl-core run`` would do, without starting anything: the resolved config, the components chosen and
+    why, where the workers would go, how much data there is."""
+    from rl_core.config import dump_yaml
+    from rl_core.data import load_split
+    from rl_core.placement import detected_device, engine_layout, policy_layout
+    from rl_core.run import check_loggers
+    from rl_core.selection import select_components
+
+    device = detected_device(config)
+    chosen = select_components(config, registry, device)
+    check_loggers(config, registry)
+    console.print("== resolved config", style="bold")
+    sys.stdout.write(dump_yaml(config))
+    console.print("== components", style="bold")
+    for line in chosen.lines().values():
+        console.print(escape(line), highlight=False)
+    console.print("== placement", style="bold")
+    policy = policy_layout(config, device)
+    console.print(f"device: {device}; policy: {policy.size} rank(s), {policy.num_gpus:g} GPU each", highlight=False)
+    if chosen.engine is not None:
+        engine = engine_layout(config, device)
+        colocated = " (colocated with the policy)" if engine.shared else ""
+        console.print(
+            f"rollout engine: {engine.size} replica(s), {engine.num_gpus:g} GPU each{colocated}", highlight=False
+        )
+    console.print("== data", style="bold")
+    for split in ("train", "val"):
+        console.print(f"{split}: {len(load_split(config.data, split))} rows", highlight=False)
+    if config.warmup_recipe:
+        console.print(f"warm-up: {config.warmup_recipe} runs first, in RUN_DIR/warmup", highlight=False)
+    console.print(f"run folder: {Path(config.run_dir).resolve()} (dry run: nothing started)", highlight=False)
     return 0
 
 
@@ -177,25 +214,63 @@ def versions(registry: Registry) -> str:
     return "\n".join(lines)
 
 
+RUN_EXAMPLES = """examples:
+  rl-core run                                        the built-in default recipe (a tiny GRPO run on CPU)
+  rl-core run examples/configs/grpo_calculator.yaml  a recipe; its first line is the command that runs it
+  rl-core run my.yaml grpo.max_num_steps=100 policy.optimizer.lr=5e-4
+                                                     overrides: dotted keys, YAML values
+  rl-core run my.yaml 'reward.sources=[{name: math_verify}]' policy.backend=megatron
+  rl-core run my.yaml --dry-run                      the resolved config, components, placement and data; no run
+  rl-core run my.yaml run_dir=runs/second            another run folder (the same folder resumes, or says done)
+
+every key: rl-core config-reference (docs/config-reference.md); what a config selects: rl-core plugins --explain"""
+
+
+def _global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--debug and --verbose, before the subcommand or after it (``default`` SUPPRESS on the subcommands, so that
+    a flag given before is not reset by the subcommand's parser)."""
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="show tracebacks and debug logs; verify every refit"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="show the workers', vLLM's and Ray's output on the terminal too",
+    )
+
+
 def build_parser(registry: Registry) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl-core", description="RL post-training for language models.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs; verify every refit")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show the workers', vLLM's and Ray's output on the terminal too"
-    )
+    _global_flags(parser, False)
     parser.add_argument("--version", action="store_true", help="print each package's version")
+    common = argparse.ArgumentParser(add_help=False)
+    _global_flags(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command")
 
-    p = sub.add_parser("run", help="run a config (no config: the built-in default recipe)")
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run a config (no config: the built-in default recipe)",
+        description="Run a config to the end: a warm-up if it names one, then the algorithm; a run folder that holds "
+        "checkpoints resumes from the newest whole one, and one that finished says so.",
+        epilog=RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("items", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
+    p.add_argument("--dry-run", action="store_true", help="show what would run (config, components, placement, data)")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("plugins", help="list plugins; --explain shows what a config selects")
+    p = sub.add_parser("plugins", parents=[common], help="list plugins; --explain shows what a config selects")
     p.add_argument("--json", action="store_true")
     p.add_argument("--explain", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
     p.set_defaults(handler=cmd_plugins)
 
-    p = sub.add_parser("certify", help="check a training backend, rollout engine or reward source for silent wrongness")
+    p = sub.add_parser(
+        "certify",
+        parents=[common],
+        help="check a training backend, rollout engine or reward source for silent wrongness",
+    )
     p.add_argument("name", help="the component's registered name (rl-core plugins lists them)")
     p.add_argument(
         "--kind", choices=["backend", "engine", "reward", "environment"], help="when a name is registered as several"
@@ -208,17 +283,19 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_certify)
 
-    p = sub.add_parser("plot", help="draw a run's reward, KL, loss and phase-time curves to a PNG")
+    p = sub.add_parser("plot", parents=[common], help="draw a run's reward, KL, loss and phase-time curves to a PNG")
     p.add_argument("run_dir")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/curves.png)")
     p.set_defaults(handler=cmd_plot)
 
-    p = sub.add_parser("config-reference", help="print the config reference (Markdown) from the attrs classes")
+    p = sub.add_parser(
+        "config-reference", parents=[common], help="print the config reference (Markdown) from the attrs classes"
+    )
     p.add_argument("-o", "--output")
     p.set_defaults(handler=cmd_config_reference)
 
     for name, spec in registry.specs("cli_command").items():
-        p = sub.add_parser(name, help=spec.help)
+        p = sub.add_parser(name, parents=[common], help=spec.help)
         spec.configure(p)
         p.set_defaults(handler=lambda a, _r, spec=spec: spec.run(a))
     return parser
