@@ -26,11 +26,11 @@ def test_a_missing_model_folder_is_named_before_anything_starts(make_config, tmp
 
 
 def test_missing_or_unreadable_data_is_named_before_anything_starts(make_config, tiny_model_path, tmp_path: Path):
-    with pytest.raises(ConfigError, match="data file not found: .*/nope.jsonl"):
+    with pytest.raises(ConfigError, match=r"data.train_path: no file or folder at .*/nope.jsonl \(a path in a config"):
         prepare(make_config, f"policy.model_name={tiny_model_path}", f"data.train_path={tmp_path}/nope.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\nnot json\n')
-    with pytest.raises(InputError, match="cannot be read as JSONL"):
+    with pytest.raises(InputError, match=r"bad.jsonl, line 2: not valid JSON"):
         prepare(make_config, f"policy.model_name={tiny_model_path}", f"data.train_path={bad}")
     with pytest.raises(ConfigError, match=r"data.task: must be one of .* \(got 'parrity'\); did you mean 'parity'\?"):
         make_config("data.task=parrity")

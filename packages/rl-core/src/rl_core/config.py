@@ -307,7 +307,10 @@ def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
             node = node.get(key) if isinstance(node, dict) else None
         value = node.get(keys[-1]) if isinstance(node, dict) else None
         if isinstance(value, str) and value and not value.startswith("builtin:") and not Path(value).is_absolute():
-            node[keys[-1]] = str(base / value)
+            # ORG/NAME with no suffix that is not a path here may be a dataset in the Hugging Face cache
+            hub_name = value.count("/") == 1 and not value.startswith(".") and not Path(value).suffix
+            if not hub_name or (base / value).exists():
+                node[keys[-1]] = str(base / value)
     return out
 
 

@@ -1,6 +1,10 @@
-"""Prompt and example data: local JSONL files (through ``datasets``) or built-in synthetic tasks generated
-offline from a seed. Each example is a dict; prompts live under ``data.prompt_key``, everything else is
-metadata handed to the reward sources (for example ``answer``)."""
+"""Prompt and example data, through ``datasets``: local files (JSONL, JSON, Parquet, CSV, Arrow), folders (of such
+files, or written by ``save_to_disk``), datasets already in the local Hugging Face cache (by name, offline), or
+built-in synthetic tasks generated from a seed. Each example is a dict; the prompt lives under ``data.prompt_key``
+(text, or a list of chat messages rendered with the tokenizer's chat template), everything else is metadata handed
+to the reward sources (``data.columns`` maps fields to nested keys, as in verl's ``reward_model.ground_truth``).
+
+Paths: one in a config file is relative to that file, one on the command line to the current folder."""
 
 from __future__ import annotations
 
@@ -87,26 +91,161 @@ TASKS: dict[str, Callable[[int, int], list[Example]]] = {
 }
 
 
-def load_jsonl(path: str | Path) -> list[Example]:
-    """Rows of a local JSONL file, via ``datasets`` (cached, memory-mapped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"data file not found: {path}")
-    from datasets import load_dataset
+#: how a path's suffix is read by ``datasets``
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+#: files ``save_to_disk`` writes: a folder holding one is a saved dataset (or dict of splits)
+_SAVED = ("dataset_info.json", "state.json", "dataset_dict.json")
+PATH_RULE = "a path in a config file is relative to that file, one on the command line to the current folder"
 
+
+def _quiet_datasets() -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def check_jsonl(path: Path) -> None:
+    """Each non-empty line of ``path`` is a JSON object, or an error naming the file and the line (1-based)."""
+    import json
+
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise InputError(f"{path}, line {number}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}, line {number}: a {type(row).__name__}, not a JSON object")
+
+
+def load_jsonl(path: str | Path) -> list[Example]:
+    """Rows of a local JSONL file (``load_rows`` for any source)."""
+    return load_rows(str(path), None, "data file")
+
+
+def load_rows(source: str, split: str | None, key: str) -> list[Example]:
+    """The rows of ``source`` (``split``: the split of a dataset that has several; unset, ``train``, or the only
+    one). ``key`` names the config key in errors."""
+    path = Path(source)
+    if path.is_dir():
+        return _rows_of_folder(path, split, key)
+    if path.is_file():
+        builder = _BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise InputError(f"{key}: {path} is not a file {', '.join(_BUILDERS)} reads; convert it, or give a folder")
+        if path.suffix.lower() == ".jsonl":
+            check_jsonl(path)
+        return _rows(lambda ds: ds.load_dataset(builder, data_files=str(path), split="train"), path)
+    return _rows_of_hub_cache(source, split, key)
+
+
+def _rows(load: Callable[[Any], Any], where: Any) -> list[Example]:
+    datasets = _quiet_datasets()
     try:
-        ds = load_dataset("json", data_files=str(path), split="train")
+        dataset = load(datasets)
+    except InputError:
+        raise
     except Exception as exc:
-        raise InputError(f"{path}: cannot be read as JSONL (one JSON object per line): {exc}") from None
-    return [dict(row) for row in ds]
+        raise InputError(f"{where}: cannot be read ({type(exc).__name__}: {exc})") from None
+    return [dict(row) for row in dataset]
+
+
+def _pick(dataset: Any, split: str | None, where: Any) -> Any:
+    """One split of a dataset dict: ``split``, else ``train``, else the only one."""
+    if not hasattr(dataset, "keys"):
+        return dataset
+    names = list(dataset.keys())
+    name = split or ("train" if "train" in names else names[0] if len(names) == 1 else None)
+    if name not in names:
+        raise InputError(f"{where} has the splits {', '.join(names)}; name one (data.train_split / data.val_split)")
+    return dataset[name]
+
+
+def _rows_of_folder(path: Path, split: str | None, key: str) -> list[Example]:
+    if any((path / name).is_file() for name in _SAVED):
+        return _rows(lambda ds: _pick(ds.load_from_disk(str(path)), split, path), path)
+    if not any(p.suffix.lower() in _BUILDERS for p in path.rglob("*") if p.is_file()):
+        raise InputError(f"{key}: {path} holds no dataset (no {', '.join(_BUILDERS)} files, nor save_to_disk's)")
+    return _rows(lambda ds: _pick(ds.load_dataset(str(path)), split, path), path)
+
+
+def _rows_of_hub_cache(name: str, split: str | None, key: str) -> list[Example]:
+    """A dataset by Hugging Face name, from the local cache only (nothing is downloaded)."""
+    import os
+
+    def load(ds: Any) -> Any:
+        old = {v: os.environ.get(v) for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+        try:
+            return _pick(ds.load_dataset(name), split, name)
+        finally:
+            for var, value in old.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+
+    looks_like_name = "/" in name and not name.startswith((".", "/")) and name.count("/") == 1
+    if not looks_like_name:
+        raise ConfigError(f"{key}: no file or folder at {Path(name).resolve()} ({PATH_RULE})")
+    try:
+        return _rows(load, name)
+    except InputError as exc:
+        raise ConfigError(
+            f"{key}: {name!r} is neither a file or folder (tried {Path(name).resolve()}; {PATH_RULE}) nor a dataset in "
+            f"the local Hugging Face cache ({exc})"
+        ) from None
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Any], *, generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template (whether transformers returns a list or,
+    as since version 5, an encoding)."""
+    out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=generation_prompt, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def render_prompt(tokenizer: Any, cfg: DataConfig, prompt: Any) -> tuple[list[int], str]:
+    """A prompt's token ids and text as the model sees it: text as it is, or chat messages (``data.chat_template``)
+    through the tokenizer's template with the generation prompt (and ``data.system_prompt`` first)."""
+    messages = prompt if isinstance(prompt, list) else None
+    if messages is None and cfg.chat_template == "always":
+        messages = [{"role": "user", "content": str(prompt)}]
+    if messages is None:
+        return list(tokenizer(str(prompt), add_special_tokens=False)["input_ids"]), str(prompt)
+    if cfg.chat_template == "never":
+        raise InputError("a prompt is a list of chat messages, but data.chat_template is 'never'; give text prompts")
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(
+            "a prompt is a list of chat messages, but the tokenizer has no chat template; use a chat model's tokenizer "
+            "(policy.tokenizer_name), or give text prompts"
+        )
+    if cfg.system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
+    ids = chat_ids(tokenizer, messages, generation_prompt=True)
+    return ids, str(tokenizer.decode(ids))
+
+
+def nested(row: Example, dotted: str) -> Any:
+    """``row["a"]["b"]`` for ``"a.b"``; KeyError naming the path if it is not there."""
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
 
 
 def load_split(cfg: DataConfig, split: str) -> list[Example]:
     """The ``train`` or ``val`` examples that ``cfg`` names. Built-in tasks draw val from another seed, so the
     held-out prompts are disjoint from training ones up to chance repeats."""
     path = cfg.train_path if split == "train" else cfg.val_path
+    key = "data.train_path" if split == "train" else "data.val_path"
     if path:
-        rows = load_jsonl(path)
+        rows = load_rows(path, cfg.train_split if split == "train" else cfg.val_split, key)
     elif cfg.task:
         if cfg.task not in TASKS:
             raise ConfigError(f"data.task: unknown task {cfg.task!r}; choose one of {', '.join(TASKS)}")
@@ -118,10 +257,29 @@ def load_split(cfg: DataConfig, split: str) -> list[Example]:
     elif split == "val":
         return []
     else:
-        raise ConfigError("no training data: set data.train_path (a JSONL file) or data.task (a built-in task)")
-    if rows and cfg.prompt_key not in rows[0]:
+        raise ConfigError(
+            "no training data: set data.train_path (a file, a folder, or a dataset in the local Hugging Face cache) "
+            "or data.task (a built-in task)"
+        )
+    rows = [_mapped(row, cfg, key, number) for number, row in enumerate(rows)]
+    if rows and cfg.prompt_key not in rows[0] and "messages" not in rows[0]:
         raise InputError(f"{split} data has no {cfg.prompt_key!r} field (data.prompt_key); fields: {sorted(rows[0])}")
     return rows
+
+
+def _mapped(row: Example, cfg: DataConfig, key: str, number: int) -> Example:
+    """``row`` with the fields ``data.columns`` names filled from their (nested) keys."""
+    if not cfg.columns:
+        return row
+    out = dict(row)
+    for field, dotted in cfg.columns.items():
+        try:
+            out[field] = nested(row, dotted)
+        except KeyError:
+            raise InputError(
+                f"{key}: row {number} has no {dotted!r} (data.columns.{field}); fields: {sorted(row)}"
+            ) from None
+    return out
 
 
 class EpochSampler:

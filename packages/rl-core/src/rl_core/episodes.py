@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from rl_core.data import render_prompt
 from rl_core.errors import InputError
 from rl_core.protocols import Environment, Rollout, RolloutEngine, SamplingParams, Transition
 
@@ -166,7 +167,7 @@ def run_episodes(
             prompt, state, ended = *runner.env.reset(example), None
         except Exception as exc:  # this row's episodes end at once, the run goes on
             prompt, state, ended = str(example.get(ctx.config.data.prompt_key, "")), None, f"error: reset: {exc!r}"
-        ids = tok(prompt, add_special_tokens=False)["input_ids"] or [tok.eos_token_id]
+        ids = render_prompt(tok, ctx.config.data, prompt)[0] or [tok.eos_token_id]
         if len(ids) + cfg.max_total_tokens > ctx.config.policy.max_total_sequence_length:
             raise InputError(
                 f"an episode's prompt ({len(ids)} tokens) plus environment.max_total_tokens ({cfg.max_total_tokens}) is "

@@ -10,13 +10,27 @@ from rl_core.errors import InputError
 TINY_SCHEME = "tiny:"
 
 
-def resolve_model_path(model_name: str) -> str:
-    """``tiny:NAME`` -> the cached folder of that tiny model (built if needed); anything else unchanged."""
+def resolve_model_path(model_name: str, key: str = "policy.model_name") -> str:
+    """``tiny:NAME`` -> the cached folder of that tiny model (built if needed); a Hugging Face model ID
+    (``ORG/NAME``) that is not a local folder -> its snapshot in the local Hugging Face cache (nothing is
+    downloaded); anything else unchanged."""
     if model_name.startswith(TINY_SCHEME):
         from rl_core.tiny_models import ensure_tiny_model
 
         return str(ensure_tiny_model(model_name[len(TINY_SCHEME) :]))
-    return model_name
+    if Path(model_name).exists() or model_name.count("/") != 1 or model_name.startswith((".", "/")):
+        return model_name
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return str(snapshot_download(model_name, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise InputError(
+            f"{key}: {model_name!r} is not a local folder (tried {Path(model_name).resolve()}) nor a model in the local "
+            f"Hugging Face cache ({exc.__class__.__name__}); download it where there is a network "
+            f"(hf download {model_name}) or give its folder"
+        ) from None
 
 
 def check_model_folder(path: str, *, key: str = "policy.model_name", trust_remote_code: bool = False) -> None:

@@ -11,7 +11,7 @@ import attrs
 
 from rl_core.batch import PolicyGradientBatch, pad_rows
 from rl_core.context import Phases, RunContext
-from rl_core.data import Example
+from rl_core.data import Example, render_prompt
 from rl_core.errors import InputError
 from rl_core.placement import colocated as colocated_on
 from rl_core.protocols import Rollout, SamplingParams
@@ -33,15 +33,17 @@ def sampling(ctx: RunContext, n: int, seed: int, *, greedy: bool = False) -> Sam
 
 
 def encode_prompts(ctx: RunContext, examples: Sequence[Example]) -> list[list[int]]:
+    """The prompts' token ids as the model sees them (``rl_core.data.render_prompt``: chat messages through the
+    tokenizer's template)."""
     key = ctx.config.data.prompt_key
     limit = ctx.config.policy.max_total_sequence_length - ctx.config.policy.generation.max_new_tokens
     out = []
     for ex in examples:
-        ids = ctx.tokenizer(ex[key], add_special_tokens=False)["input_ids"]
+        ids, text = render_prompt(ctx.tokenizer, ctx.config.data, ex[key])
         if len(ids) > limit:
             raise InputError(
                 f"a prompt has {len(ids)} tokens, more than policy.max_total_sequence_length - "
-                f"policy.generation.max_new_tokens = {limit}: {ex[key][:80]!r}..."
+                f"policy.generation.max_new_tokens = {limit}: {text[:80]!r}..."
             )
         out.append(ids)
     return out
@@ -101,7 +103,8 @@ def generate_and_score(
             examples=list(examples), rollouts=rollouts, rewards=total, metrics=parts, transcripts=transcripts
         )
     key = ctx.config.data.prompt_key
-    prompts = [examples[r.prompt_index][key] for r in rollouts]
+    texts = [render_prompt(ctx.tokenizer, ctx.config.data, ex[key])[1] for ex in examples]
+    prompts = [texts[r.prompt_index] for r in rollouts]
     meta = [examples[r.prompt_index] for r in rollouts]
     with phases("score"):
         rewards, parts = ctx.score(prompts, [r.text for r in rollouts], meta, rollout_micro_batch_size)

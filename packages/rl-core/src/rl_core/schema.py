@@ -140,12 +140,24 @@ class ClusterConfig:
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    """Prompt data: JSONL files (one object per line), or a built-in synthetic task."""
+    """Prompt data: files (JSONL, JSON, Parquet, CSV, Arrow), folders (of such files, or saved by ``datasets``'
+    ``save_to_disk``), datasets in the local Hugging Face cache by name, or a built-in synthetic task. A path in a
+    config file is relative to that file; on the command line, to the current folder."""
 
-    #: JSONL file of training rows (relative to the config file).
+    #: training rows: a file, a folder, or a dataset name in the local Hugging Face cache (offline).
     train_path: str | None = None
-    #: JSONL file of held-out rows.
+    #: held-out rows, likewise (may be the same source as ``train_path`` with another split).
     val_path: str | None = None
+    #: the split to read when the source has several; unset: ``train``, or the only one.
+    train_split: str | None = None
+    val_split: str | None = None
+    #: fields filled from (nested) keys of each row, e.g. ``{answer: reward_model.ground_truth}`` for verl's rows.
+    columns: dict[str, str] = attrs.Factory(dict)
+    #: a system message put before chat-message prompts that have none.
+    system_prompt: str | None = None
+    #: render prompts with the tokenizer's chat template: ``auto`` those that are chat messages (a list of
+    #: ``{role, content}``), ``always`` text prompts too (as one user message), ``never`` none (messages are refused).
+    chat_template: Literal["auto", "always", "never"] = "auto"
     #: built-in synthetic task, used when no path is given: ``parity`` ("Even or odd? 4 8 1 7" -> " odd"),
     #: ``parity_format`` (the same with coin-flip answers: a format-only SFT warm-up), ``addition`` (single digits),
     #: ``calculator`` (two-digit sums, for the calculator environment), ``calculator_format`` (its SFT warm-up:

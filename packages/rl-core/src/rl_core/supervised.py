@@ -7,7 +7,7 @@ from typing import Any
 
 from rl_core.batch import PreferenceBatch, TokenBatch, TokenBatchT, pad_rows
 from rl_core.context import RunContext
-from rl_core.data import Example
+from rl_core.data import Example, chat_ids, render_prompt
 from rl_core.errors import InputError
 from rl_core.protocols import LossFunction
 
@@ -16,13 +16,13 @@ def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[l
     tok = ctx.tokenizer
     if "messages" in ex and getattr(tok, "chat_template", None):
         messages = list(ex["messages"])
-        prompt_ids = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
-        full = tok.apply_chat_template(messages, tokenize=True)
-        return list(prompt_ids), list(full[len(prompt_ids) :])
+        prompt_ids = chat_ids(tok, messages[:-1], generation_prompt=True)
+        full = chat_ids(tok, messages, generation_prompt=False)
+        return prompt_ids, full[len(prompt_ids) :]
     key = ctx.config.data.prompt_key
     if key not in ex or response is None:
         raise InputError(f"an example lacks {key!r} or its response: fields are {sorted(ex)}")
-    prompt_ids = tok(ex[key], add_special_tokens=False)["input_ids"]
+    prompt_ids = render_prompt(tok, ctx.config.data, ex[key])[0]
     response_ids = tok(str(response), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     return prompt_ids, response_ids
 

@@ -1,0 +1,114 @@
+"""A user's own data and model: every format ``datasets`` reads (files, folders, ``save_to_disk``), splits and
+nested columns (verl's row shape), bad rows named by file and line, chat-message prompts rendered with the
+tokenizer's template token for token, and a model ID resolved from the local Hugging Face cache offline."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_core.data import load_split, render_prompt
+from rl_core.errors import ConfigError, InputError
+from rl_core.models import resolve_model_path
+from rl_core.schema import DataConfig
+
+ROWS = [{"prompt": f"Q: {a} + 1 = ? A:", "answer": str(a + 1)} for a in range(6)]
+#: a chat template that shows each role (the tiny tokenizer has none of its own)
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def write_formats(tmp_path: Path) -> dict[str, Path]:
+    import datasets
+
+    ds = datasets.Dataset.from_list(ROWS)
+    out = {"jsonl": tmp_path / "rows.jsonl", "parquet": tmp_path / "rows.parquet", "csv": tmp_path / "rows.csv"}
+    out["jsonl"].write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    ds.to_parquet(str(out["parquet"]))
+    ds.to_csv(str(out["csv"]), index=False)
+    out["json"] = tmp_path / "rows.json"
+    ds.to_json(str(out["json"]))
+    out["saved"] = tmp_path / "saved"
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(out["saved"]))
+    out["folder"] = tmp_path / "folder"
+    out["folder"].mkdir()
+    ds.to_parquet(str(out["folder"] / "part-0.parquet"))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "saved", "folder"])
+def test_every_format_datasets_reads_loads_the_same_rows(tmp_path: Path, kind: str):
+    source = write_formats(tmp_path)[kind]
+    rows = load_split(DataConfig(train_path=str(source)), "train")
+    assert [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows] == ROWS, kind
+
+
+def test_splits_of_a_saved_dataset_and_verl_shaped_rows(tmp_path: Path):
+    saved = write_formats(tmp_path)["saved"]
+    assert len(load_split(DataConfig(val_path=str(saved), val_split="test"), "val")) == 2
+    with pytest.raises(InputError, match="has the splits train, test; name one"):
+        load_split(DataConfig(val_path=str(saved), val_split="nope"), "val")
+    verl = tmp_path / "verl.jsonl"
+    row = {
+        "data_source": "toy",
+        "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+    }
+    verl.write_text(json.dumps(row) + "\n")
+    rows = load_split(DataConfig(train_path=str(verl), columns={"answer": "reward_model.ground_truth"}), "train")
+    assert rows[0]["answer"] == "4" and rows[0]["prompt"] == row["prompt"]
+    with pytest.raises(InputError, match=r"row 0 has no 'reward_model.truth' \(data.columns.answer\)"):
+        load_split(DataConfig(train_path=str(verl), columns={"answer": "reward_model.truth"}), "train")
+
+
+def test_a_bad_row_names_the_file_and_its_line_and_a_missing_path_the_rule(tmp_path: Path, capfd):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{"prompt": oops}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl, line 4: not valid JSON"):
+        load_split(DataConfig(train_path=str(bad)), "train")
+    with pytest.raises(ConfigError, match=r"no file or folder at /.*/missing.parquet \(a path in a config file is"):
+        load_split(DataConfig(train_path="missing.parquet"), "train")
+    with pytest.raises(
+        ConfigError, match=r"'someone/nothing' is neither a file or folder .* nor a dataset in the local"
+    ):
+        load_split(DataConfig(train_path="someone/nothing"), "train")
+    load_split(DataConfig(train_path=str(write_formats(tmp_path)["parquet"])), "train")
+    assert "Generating" not in capfd.readouterr().err, "no progress bars on the terminal"
+
+
+def test_chat_message_prompts_are_rendered_token_for_token_with_the_template(tokenizer):
+    tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = TEMPLATE
+    messages = [{"role": "user", "content": "Add 2+3."}]
+    ids, text = render_prompt(tok, DataConfig(), messages)
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert ids == list(expected) and text == "<|user|>Add 2+3.<|endoftext|><|assistant|>"
+    with_system, _ = render_prompt(tok, DataConfig(system_prompt="Be brief."), messages)
+    assert tok.decode(with_system).startswith("<|system|>Be brief.<|endoftext|><|user|>")
+    always, _ = render_prompt(tok, DataConfig(chat_template="always"), "Add 2+3.")
+    assert always == ids, "a text prompt as one user message"
+    plain, text = render_prompt(tok, DataConfig(), "Add 2+3.")
+    assert plain == tok("Add 2+3.", add_special_tokens=False)["input_ids"] and text == "Add 2+3."
+    with pytest.raises(InputError, match="the tokenizer has no chat template"):
+        render_prompt(tokenizer, DataConfig(), messages)
+
+
+def test_a_model_id_resolves_from_the_local_hugging_face_cache_offline(tmp_path: Path, monkeypatch, tiny_model_path):
+    """The hub cache's own layout (models--ORG--NAME/snapshots/COMMIT, refs/main), as a download leaves it."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(tiny_model_path, snapshot)
+    (cache / "models--someone--tiny" / "refs").mkdir()
+    (cache / "models--someone--tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert Path(resolve_model_path("someone/tiny")) == snapshot
+    with pytest.raises(InputError, match=r"policy.model_name: 'someone/absent' is not a local folder .* nor a model"):
+        resolve_model_path("someone/absent")
