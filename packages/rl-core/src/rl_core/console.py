@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Column
 
 #: metrics shown on the step line, with their labels, in this order.
 SHOWN = (
@@ -29,17 +30,18 @@ SHOWN = (
 )
 
 
-def metrics_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
-    """``step 3/20  reward 0.531  loss -0.0104  tok/s 812  generate 1.20s score 0.00s ...`` (plain text)."""
+def metrics_line(step: int, total: int, metrics: Mapping[str, float], *, times: bool = True) -> str:
+    """``step 3/20  reward 0.531  loss -0.0104  tok/s 812  generate 1.20s score 0.00s ...`` (plain text); without
+    ``times``, the metrics only."""
     shown = []
     for key, label in SHOWN:
         if key in metrics:
             value = metrics[key]
             shown.append(f"{label} {value:.0f}" if key == "tokens_per_second" else f"{label} {value:.4g}")
-    times = " ".join(
+    phases = " ".join(
         f"{k.split('/', 1)[1]} {v:.2f}s" for k, v in metrics.items() if k.startswith("time/") and k != "time/step"
     )
-    return "  ".join([f"step {step}/{total}", *shown, *([times] if times else [])])
+    return "  ".join([f"step {step}/{total}", *shown, *([phases] if phases and times else [])])
 
 
 class RunConsole:
@@ -84,15 +86,18 @@ class RunConsole:
         if not self.live:
             yield
             return
+        # the step count and ETA keep their width at any terminal width; the metrics take what is left, cut short
+        fixed = Column(no_wrap=True)
         progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[line]}"),
+            TextColumn("[bold]{task.description}", table_column=fixed),
+            BarColumn(bar_width=16 if self.console.width < 120 else 30),
+            MofNCompleteColumn(table_column=fixed),
+            TextColumn("eta", table_column=fixed),
+            TimeRemainingColumn(table_column=fixed),
+            TextColumn("{task.fields[line]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             console=self.console,
             transient=True,
+            expand=True,
         )
         self._progress, self._task = progress, progress.add_task(label, total=total, completed=start, line="")
         with progress:
@@ -113,13 +118,14 @@ class RunConsole:
                 self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
         if step > 0:
             self.steps_run += 1
-        line = metrics_line(step, total, metrics)
         if self._progress is None or self._task is None:
-            self._print(line)
+            self._print(metrics_line(step, total, metrics))
             return
-        self._progress.update(self._task, completed=step, line=line.split("  ", 1)[-1])
-        if validation or step == 0:
-            self._print(line)
+        short = metrics_line(step, total, metrics, times=False)
+        self._progress.update(self._task, completed=step, line=short.split("  ", 1)[-1])
+        if validation or step == 0:  # a line that stays: the step and its validation, short enough not to wrap
+            kept = {k: v for k, v in metrics.items() if k.startswith("val/") or k == "reward"}
+            self._print(metrics_line(step, total, kept))
 
     # -- the end ----------------------------------------------------------------------------------------------------
 
