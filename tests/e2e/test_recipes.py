@@ -40,6 +40,7 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
         "warmup_recipe=null",
         "logger.progress=false",
         "checkpointing.save_period=1",
+        "logger.save_samples_every=1",
         *SHORT[algorithm],
     ]
     if "reward_server" in recipe.stem:
@@ -54,6 +55,10 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
     assert "train/loss" in rows[1] and any(k.startswith("val/") for k in rows[2])
     assert (run / "config.yaml").is_file() and (run / "final" / "config.json").is_file()
     assert (run / "checkpoints" / "step_000002" / "state.json").is_file()
+    if algorithm in ("grpo", "reinforce"):  # a few samples of every step: prompt, response, reward
+        samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        assert {s["step"] for s in samples} == {1, 2} and all(isinstance(s["reward"], float) for s in samples)
+        assert all(s["prompt"] and s["turns"][0]["role"] == "model" for s in samples)
     assert final == {k: v for k, v in rows[-1].items() if k != "step"}
     start = time.monotonic()
     assert run_config(config, rl_registry) == final, "the same config again finds the finished run"

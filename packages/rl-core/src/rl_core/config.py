@@ -249,6 +249,8 @@ def _environment(entry: Any, registry: Registry) -> EnvironmentConfig:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"environment must be a mapping, e.g. {{name: calculator, max_turns: 4}}, got {entry!r}")
     core_keys = {f.name for f in attrs.fields(EnvironmentConfig)} - {"options"}
+    for key in set(entry) & set(EnvironmentConfig.MOVED):
+        raise ConfigError(f"'environment.{key}' is not a setting here: {EnvironmentConfig.MOVED[key]}")
     name = entry.get("name")
     own = {k: v for k, v in entry.items() if k not in core_keys}
     if name is None:

@@ -79,15 +79,21 @@ class RunContext:
     #: multi-turn episodes (``environment.name``); None: single-turn rollouts.
     environment: EnvironmentRunner | None = None
 
-    def keep_trajectories(self, step: int, transcripts: Sequence[Mapping[str, Any]]) -> None:
-        """Every ``environment.save_trajectories_every`` steps, a few episodes to RUN_DIR/trajectories.jsonl."""
+    def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]]) -> None:
+        """Every ``logger.save_samples_every`` steps, a few rollouts (prompt, turns, reward) to RUN_DIR/samples.jsonl
+        and to each logger that takes samples (an optional ``log_samples(step, rows)``)."""
         import json
 
-        every = self.config.environment.save_trajectories_every
-        if transcripts and every and step % every == 0:
-            with (self.run_dir / "trajectories.jsonl").open("a") as f:
-                for transcript in transcripts[:4]:
-                    f.write(json.dumps({"step": step, **transcript}) + "\n")
+        every = self.config.logger.save_samples_every
+        if not (transcripts and every and step % every == 0):
+            return
+        rows = [{"step": step, **t} for t in transcripts[:4]]
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        for logger in self.loggers:
+            log_samples = getattr(logger, "log_samples", None)
+            if log_samples is not None:
+                log_samples(step, rows)
 
     @property
     def hook(self) -> HookRelay:

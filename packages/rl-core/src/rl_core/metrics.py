@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,38 +63,66 @@ class TensorBoardLogger:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.writer.add_text("samples", "\n\n".join(f"    {json.dumps(r)}" for r in rows), step)
+
     def close(self) -> None:
         self.writer.close()
 
 
 class WandbLogger:
+    """Weights & Biases, by its own conventions: ``WANDB_MODE`` and the login (``WANDB_API_KEY``) as wandb reads
+    them, unless ``logger.wandb_mode`` says otherwise; with neither, offline (the run syncs later with
+    ``wandb sync RUN_DIR/wandb/offline-run-*``). Its files go under ``RUN_DIR/wandb``."""
+
     def __init__(self, config: Config, run_dir: Path) -> None:
+        import os
+
         import wandb
 
         from rl_core.config import to_dict
 
         self.run = wandb.init(
             project=config.logger.wandb_project,
-            mode=config.logger.wandb_mode,
+            mode=config.logger.wandb_mode or os.environ.get("WANDB_MODE") or "offline",
             dir=str(run_dir),
             config=to_dict(config),
             name=run_dir.name,
+            settings=wandb.Settings(silent=True),
         )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        import wandb
+
+        table = wandb.Table(columns=["prompt", "turns", "reward", "ended"])
+        for r in rows:
+            table.add_data(r["prompt"], json.dumps(r["turns"]), r["reward"], r["ended"])
+        self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
 
 
 class MlflowLogger:
+    """MLflow, by its own conventions: the tracking server of ``logger.mlflow_tracking_uri`` or
+    ``MLFLOW_TRACKING_URI``; with neither, a SQLite store in the run folder (``RUN_DIR/mlflow.db``, artifacts in
+    ``RUN_DIR/mlartifacts``; MLflow 3 refuses its old file store). Metric names use ``_`` for ``/``."""
+
     def __init__(self, config: Config, run_dir: Path) -> None:
+        import logging
+        import os
+
         import mlflow
 
-        uri = config.logger.mlflow_tracking_uri or (run_dir / "mlruns").resolve().as_uri()
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment("rl-core")
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no database set-up chatter on the terminal
+        uri = config.logger.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(uri or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        if uri is None and mlflow.get_experiment_by_name(EXPERIMENT) is None:
+            mlflow.create_experiment(EXPERIMENT, artifact_location=(run_dir / "mlartifacts").resolve().as_uri())
+        mlflow.set_experiment(EXPERIMENT)
         self.mlflow = mlflow
         self.run = mlflow.start_run(run_name=run_dir.name)
 
@@ -102,8 +130,15 @@ class MlflowLogger:
         clean = {k.replace("/", "_"): v for k, v in _clean(metrics).items()}
         self.mlflow.log_metrics(clean, step=step)
 
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.mlflow.log_dict({"step": step, "samples": list(rows)}, f"samples/step_{step:06d}.json")
+
     def close(self) -> None:
         self.mlflow.end_run()
+
+
+#: the MLflow experiment runs are logged to
+EXPERIMENT = "rl-core"
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:

@@ -55,7 +55,8 @@ class ScoredRollouts:
     rollouts: list[Rollout]  # P * G, grouped by prompt
     rewards: list[float]  # P * G
     metrics: dict[str, float]
-    #: multi-turn episodes: each one turn by turn (``rl_core.episodes``), for RUN_DIR/trajectories.jsonl
+    #: each rollout as the samples file keeps it: the prompt, its turns (one model turn, or an episode's turns,
+    #: ``rl_core.episodes``), the reward and how it ended; for RUN_DIR/samples.jsonl
     transcripts: list[dict[str, Any]] = attrs.Factory(list)
 
 
@@ -108,7 +109,13 @@ def generate_and_score(
     meta = [examples[r.prompt_index] for r in rollouts]
     with phases("score"):
         rewards, parts = ctx.score(prompts, [r.text for r in rollouts], meta, rollout_micro_batch_size)
-    return ScoredRollouts(examples=list(examples), rollouts=rollouts, rewards=rewards, metrics=parts)
+    transcripts = [
+        {"prompt": p, "turns": [{"role": "model", "text": r.text}], "reward": w, "ended": r.finish_reason}
+        for p, r, w in zip(prompts, rollouts, rewards, strict=True)
+    ]
+    return ScoredRollouts(
+        examples=list(examples), rollouts=rollouts, rewards=rewards, metrics=parts, transcripts=transcripts
+    )
 
 
 def refit(ctx: RunContext) -> RefitStats:

@@ -195,6 +195,10 @@ class EnvironmentConfig:
     environment's observation, again, up to ``max_turns``; unset ``name``, single-turn rollouts scored by
     ``reward.sources``. Keys besides these are the environment's own options, validated by its class."""
 
+    MOVED: ClassVar[dict[str, str]] = {
+        "save_trajectories_every": "samples of every run, episodes included, are logger.save_samples_every's",
+    }
+
     #: a registered environment (``rl-core plugins`` lists them).
     name: str | None = None
     max_turns: int = attrs.field(default=4, validator=_pos)
@@ -210,8 +214,6 @@ class EnvironmentConfig:
     schedule: Literal["auto", "lockstep", "streaming"] = "auto"
     #: Ray actors that run the environment's steps (for isolation and parallel episodes); 0: in this process.
     num_workers: int = attrs.field(default=0, validator=_nonneg)
-    #: write a few of a step's episodes, turn by turn, to RUN_DIR/trajectories.jsonl every this many steps (0: never).
-    save_trajectories_every: int = attrs.field(default=10, validator=_nonneg)
     #: the environment's own options (its class), from the section's other keys.
     options: Any = attrs.field(default=None, metadata={LOADER_FILLED: True})
 
@@ -264,12 +266,15 @@ class LoggerConfig:
     wandb_enabled: bool = False
     mlflow_enabled: bool = False
     wandb_project: str = "rl-core"
-    #: ``offline`` works without a network.
-    wandb_mode: Literal["online", "offline"] = "offline"
-    #: MLflow tracking URI; unset, a file store in the run folder.
+    #: unset: ``WANDB_MODE`` if set, else ``offline`` (works without a network; ``wandb sync`` uploads later).
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    #: MLflow tracking URI; unset: ``MLFLOW_TRACKING_URI`` if set, else a SQLite store in the run folder.
     mlflow_tracking_uri: str | None = None
     #: a live progress display (rich) on a terminal; ``false`` prints one plain line per step instead.
     progress: bool = True
+    #: every this many steps, a few of the step's rollouts (prompt, response or episode turn by turn, reward) to
+    #: RUN_DIR/samples.jsonl and to the loggers that take samples (0: never).
+    save_samples_every: int = attrs.field(default=10, validator=_nonneg)
 
 
 @attrs.frozen(kw_only=True)

@@ -136,7 +136,7 @@ def grpo_step(
     start = time.perf_counter()
     scored = produce(ctx, cfg, sampler, step, phases)
     gen_seconds = time.perf_counter() - start
-    ctx.keep_trajectories(step, scored.transcripts)
+    ctx.keep_samples(step, scored.transcripts)
     metrics = train_on(ctx, cfg, scored, loss_fn, step, phases, on_policy=True)
     with phases("refit"):
         refit_stats = refit(ctx)
@@ -246,7 +246,7 @@ class AsyncGRPO:
         with phases("wait_rollouts"):
             scored, gen_seconds = self.producer.take(step)
         staleness = (step - 1) - generating_version(step, self.cfg.ahead)
-        self.ctx.keep_trajectories(step, scored.transcripts)
+        self.ctx.keep_samples(step, scored.transcripts)
         metrics = train_on(self.ctx, self.cfg, scored, self.loss_fn, step, phases, on_policy=staleness == 0)
         with phases("wait_rollouts"):
             self.producer.wait_made(step + self.cfg.ahead)  # the engine is idle: no request crosses the refit

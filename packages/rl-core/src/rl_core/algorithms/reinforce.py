@@ -84,7 +84,7 @@ def reinforce_step(
     G = cfg.num_generations_per_prompt
     params = sampling(ctx, G, seed=ctx.config.seed * 100_003 + step)
     scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
-    ctx.keep_trajectories(step, scored.transcripts)
+    ctx.keep_samples(step, scored.transcripts)
     gen_seconds = time.perf_counter() - start
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     with phases("logprobs"):
