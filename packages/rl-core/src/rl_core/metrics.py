@@ -82,9 +82,10 @@ class WandbLogger:
 
         from rl_core.config import to_dict
 
+        mode: Any = config.logger.wandb_mode or os.environ.get("WANDB_MODE") or "offline"
         self.run = wandb.init(
             project=config.logger.wandb_project,
-            mode=config.logger.wandb_mode or os.environ.get("WANDB_MODE") or "offline",
+            mode=mode,
             dir=str(run_dir),
             config=to_dict(config),
             name=run_dir.name,
