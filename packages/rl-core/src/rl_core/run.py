@@ -196,6 +196,7 @@ def build_components(
 
     tokenizer = AutoTokenizer.from_pretrained(config.policy.tokenizer_name or config.policy.model_name)
     backend_spec = registry.get("training_backend", chosen.backend.chosen.name)
+    console.info(f"starting the training backend ({backend_spec.name}, {config.policy.num_workers} rank(s))...")
     backend = started(
         "training backend",
         backend_spec,
@@ -205,6 +206,10 @@ def build_components(
     engine = None
     if chosen.engine is not None:
         engine_spec = registry.get("rollout_engine", chosen.engine.chosen.name)
+        console.info(
+            f"starting the rollout engine ({engine_spec.name}, {config.policy.generation.num_replicas} replica(s); "
+            "a first start compiles the model)..."
+        )
         engine = started(
             "rollout engine",
             engine_spec,
