@@ -207,8 +207,7 @@ def build_components(
     if chosen.engine is not None:
         engine_spec = registry.get("rollout_engine", chosen.engine.chosen.name)
         console.info(
-            f"starting the rollout engine ({engine_spec.name}, {config.policy.generation.num_replicas} replica(s); "
-            "a first start compiles the model)..."
+            f"starting the rollout engine ({engine_spec.name}, {config.policy.generation.num_replicas} replica(s))..."
         )
         engine = started(
             "rollout engine",
