@@ -108,6 +108,25 @@ class ReferenceTrains(Passthrough):
         return self.inner.logprobs(batch)
 
 
+class IgnoresClipping(Passthrough):
+    """Built as if policy.max_grad_norm were not set: the backend that reads no clipping setting."""
+
+    @staticmethod
+    def overrides(given):
+        return [o for o in given if not o.startswith("policy.max_grad_norm=")]
+
+
+class ForgetsScheduler(Passthrough):
+    """Checkpoints its learning-rate schedule as it was at the start (the DTensor backend keeps it in extra.pt):
+    a resumed step then runs at the wrong learning rate."""
+
+    def save_checkpoint(self, path):
+        self.inner.save_checkpoint(path)
+        extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+        extra["scheduler"] = {**extra["scheduler"], "last_epoch": 0, "_step_count": 1}
+        torch.save(extra, Path(path) / "extra.pt")
+
+
 #: mutant -> a check that must fail for it
 MUTANTS = {
     PerMicroBatchMean: "loss and gradients are the same with one row per micro-batch",
@@ -116,4 +135,6 @@ MUTANTS = {
     NoopLoad: "checkpoint load is bit-exact; a resumed step equals an uninterrupted one",
     StaleExport: "export_hf round-trips (weights and logprobs)",
     ReferenceTrains: "the reference policy does not train",
+    IgnoresClipping: "gradient clipping follows policy.max_grad_norm",
+    ForgetsScheduler: "checkpoint load is bit-exact; a resumed step equals an uninterrupted one",
 }

@@ -17,7 +17,10 @@ class Passthrough:
     """The real engine, unchanged: each mutant overrides one method."""
 
     def __init__(self, inner: Any, tokenizer: Any) -> None:
+        from pathlib import Path
+
         self.inner, self.tokenizer = inner, tokenizer
+        self.model_path = Path(tokenizer.name_or_path)
 
     def mutate(self, rollouts: list[Rollout], sampling: SamplingParams) -> list[Rollout]:
         return rollouts
@@ -139,6 +142,46 @@ class NoSleepWake:
         return None
 
 
+class IgnoresTruncation(Passthrough):
+    """Samples from the whole distribution whatever top_k / top_p say."""
+
+    def generate(self, prompts, sampling):
+        return self.inner.generate(prompts, attrs.evolve(sampling, top_k=-1, top_p=1.0))
+
+
+class IgnoresStopStrings(Passthrough):
+    """Generates past its stop strings (and keeps them in the text)."""
+
+    def generate(self, prompts, sampling):
+        return self.inner.generate(prompts, attrs.evolve(sampling, stop_strings=()))
+
+
+class IgnoresStopTokens(Passthrough):
+    def generate(self, prompts, sampling):
+        return self.inner.generate(prompts, attrs.evolve(sampling, stop_token_ids=()))
+
+
+class SkipsBiases(Passthrough):
+    """A refit that loads every tensor but the biases, and reports the checksums of what it was sent: only what the
+    engine then generates with can tell."""
+
+    def update_weights(self, payload):
+        from safetensors.torch import load_file
+
+        from rl_core.refit import RefitRoute, RefitSender, receive_weights
+
+        first = load_file(str(self.model_path / "model.safetensors"))
+        sent = dict(receive_weights(payload))
+        kept = {k: (first[k] if k.endswith(".bias") else v) for k, v in sent.items()}
+        sender = RefitSender()
+        try:
+            route = RefitRoute(kind="object_store", receivers=tuple(self.inner.weight_receivers()))
+            stats = self.inner.update_weights(sender.publish(kept, route))
+        finally:
+            sender.close()
+        return attrs.evolve(stats, checksums=payload.checksums)
+
+
 #: mutant -> a check of the report card that must fail for it
 MUTANTS = {
     ShiftedLogprobs: "logprobs of sampled tokens (temperature 1)",
@@ -154,4 +197,8 @@ MUTANTS = {
     CopiedSamples: "the samples of a group are not copies",
     EmptyForEmpty: "bad input raises InputError",
     NoSleepWake: "implements the protocol",
+    IgnoresTruncation: "top_k = 3 samples only the 3 most likely tokens",
+    IgnoresStopStrings: "a stop string ends the response where it first occurs (cut from the text)",
+    IgnoresStopTokens: "a stop token ends the response where it first occurs (kept)",
+    SkipsBiases: "refit over host_shm loads the new weights",
 }

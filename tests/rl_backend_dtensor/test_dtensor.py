@@ -218,6 +218,7 @@ def test_certify_fails_every_planted_backend_bug(
     runs = iter(range(100))
 
     def make(overrides):
+        overrides = getattr(mutant, "overrides", list)(overrides)
         return mutant(
             make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides), tiny_model_path
         )

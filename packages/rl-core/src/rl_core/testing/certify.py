@@ -39,6 +39,29 @@ INVARIANCE_BOUND = 1e-6
 SGD_OVERRIDES = ("policy.optimizer.name=sgd", "policy.optimizer.lr=1.0", "policy.max_grad_norm=null")
 #: a refit must move the engine's logprobs at least this much (the new weights differ visibly).
 REFIT_MOVES = 1e-2
+#: the learning-rate schedule of the backend certify checks (its state must survive a checkpoint)
+DECAYING_SCHEDULE = (
+    "policy.scheduler.name=linear",
+    "policy.scheduler.total_steps=4",
+    "policy.scheduler.min_lr_ratio=0.1",
+)
+#: the longest a refit may take before certify calls it hung (a receiver that never joins a broadcast, say).
+REFIT_TIMEOUT_S = 120.0
+
+
+def _bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
+    """``fn()`` in a thread, given at most ``seconds``: a call that hangs fails its check, naming ``what``, instead
+    of holding certify until the transport's own timeout (the thread is left to finish or not)."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="certify")
+    try:
+        return pool.submit(fn).result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"{what} did not finish within {seconds:g} s") from None
+    finally:
+        pool.shutdown(wait=False)
+
 
 PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "Even or odd? 4 8 1 7", "the answer is"]
 
@@ -132,9 +155,20 @@ class _Reference:
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        return {
-            k: v + 0.05 * v.std().nan_to_num(0.0) * torch.randn(v.shape, generator=g) for k, v in self.original.items()
-        }
+        out = {}
+        for k, v in self.original.items():
+            # every tensor moves, constant ones too (norm weights of ones, biases of zeros): an engine that skips
+            # some tensors on refit then generates with visibly different weights
+            scale = float(v.float().std().nan_to_num(0.0)) if v.numel() > 1 else 0.0
+            scale = scale or float(v.float().abs().mean()) or 0.02
+            out[k] = v + 0.05 * scale * torch.randn(v.shape, generator=g)
+        return out
+
+    def logits(self, batch: TokenBatch) -> torch.Tensor:
+        import torch
+
+        with torch.no_grad():
+            return self.model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.model.load_state_dict(dict(weights))
@@ -282,6 +316,8 @@ def certify_engine(
 
     card.run("bad input raises InputError", "3/3", bad_input)
 
+    _stop_checks(engine, card, prompts, params, tokenizer)
+    _truncation_checks(engine, card, prompts, params, reference, pad)
     sender = RefitSender()
     receivers = tuple(engine.weight_receivers())
     for i, route in enumerate(routes[:1] if quick else routes):
@@ -289,7 +325,7 @@ def certify_engine(
         def refit(route: str = route, seed: int = i) -> tuple[bool, str, str]:
             new = reference.perturbed(seed)
             payload = sender.publish(new, RefitRoute(kind=route, receivers=receivers, verify=True))  # type: ignore[arg-type]
-            stats = engine.update_weights(payload)
+            stats = _bounded(lambda: engine.update_weights(payload), REFIT_TIMEOUT_S, f"the refit over {route}")
             sender.release()
             try:
                 batch = _batch(engine.generate(prompts, attrs.evolve(params, seed=13 + seed)), pad)
@@ -317,6 +353,89 @@ def certify_engine(
     engine.update_weights(sender.publish(reference.original, RefitRoute(kind=routes[0], receivers=receivers)))  # type: ignore[arg-type]
     sender.close()
     return card
+
+
+def _stop_checks(engine: RolloutEngine, card: Card, prompts: list[list[int]], params: Any, tokenizer: Any) -> None:
+    """A stop string and a stop token taken from the engine's own greedy output, so that each certainly occurs:
+    the response must end where it first occurs (the string cut from the text, the token kept)."""
+    greedy = attrs.evolve(params, n=1, temperature=0.0, seed=None)
+    free = engine.generate(prompts, greedy)
+
+    def stop_string() -> tuple[bool, str, str]:
+        cases = [(i, r.text[1:3]) for i, r in enumerate(free) if len(r.text.strip()) >= 3 and r.text[1:3].strip()]
+        if not cases:
+            return False, "no usable text", "greedy responses too short to take a stop string from"
+        wrong = []
+        for i, stop in cases:
+            (out,) = engine.generate([prompts[i]], attrs.evolve(greedy, stop_strings=(stop,)))
+            expected = free[i].text[: free[i].text.index(stop)]
+            if out.finish_reason != "stop" or out.text != expected or stop in out.text:
+                wrong.append(f"prompt {i}: {out.text!r} ({out.finish_reason}), expected {expected!r} (stop)")
+        return not wrong, f"{len(cases) - len(wrong)}/{len(cases)} cut", "; ".join(wrong)[:300]
+
+    def stop_token() -> tuple[bool, str, str]:
+        wrong, tried = [], 0
+        for i, r in enumerate(free):
+            ids = list(r.token_ids)
+            k = next((k for k in range(1, len(ids)) if ids[k] not in ids[:k]), None)
+            if k is None:
+                continue
+            tried += 1
+            (out,) = engine.generate([prompts[i]], attrs.evolve(greedy, stop_token_ids=(ids[k],)))
+            text = tokenizer.decode(ids[: k + 1], skip_special_tokens=True)
+            if out.finish_reason != "stop" or list(out.token_ids) != ids[: k + 1] or out.text != text:
+                wrong.append(f"prompt {i}: {len(out.token_ids)} tokens ({out.finish_reason}), expected {k + 1} (stop)")
+        return bool(tried) and not wrong, f"{tried - len(wrong)}/{tried} stopped", "; ".join(wrong)[:300]
+
+    card.run("a stop string ends the response where it first occurs (cut from the text)", "all cut", stop_string)
+    card.run("a stop token ends the response where it first occurs (kept)", "all stopped", stop_token)
+
+
+def _truncation_checks(
+    engine: RolloutEngine, card: Card, prompts: list[list[int]], params: Any, reference: _Reference, pad: int
+) -> None:
+    """Every sampled token lies in the truncated distribution the sampling asked for, by the reference's logits at
+    its position: greedy is the argmax, ``top_k`` the k most likely, ``top_p`` the smallest set reaching p."""
+    import torch
+
+    def inside(p: Any, allowed: Callable[[torch.Tensor, int], bool]) -> tuple[bool, str]:
+        batch = _batch(engine.generate(prompts, p), pad)
+        logits = reference.logits(batch)  # [B, T, V]
+        mask = batch["loss_mask"].bool()
+        outside = total = 0
+        for b, t in mask.nonzero().tolist():
+            total += 1
+            outside += not allowed(logits[b, t - 1], int(batch["input_ids"][b, t]))
+        return outside == 0 and total > 0, f"{outside}/{total} outside"
+
+    def top_p_set(row: torch.Tensor, token: int, p: float = 0.5) -> bool:
+        probs = torch.softmax(row, -1)
+        order = probs.argsort(descending=True)
+        before = probs[order].cumsum(0) - probs[order]  # mass of the tokens ranked above each
+        keep = order[before < p + 1e-4]
+        return token in set(keep.tolist())
+
+    card.run(
+        "greedy decoding picks the most likely token",
+        "0 outside",
+        lambda: inside(
+            attrs.evolve(params, temperature=0.0, seed=None, n=1),
+            lambda row, tok: float(row[tok]) >= float(row.max()) - 1e-4,
+        ),
+    )
+    card.run(
+        "top_k = 3 samples only the 3 most likely tokens",
+        "0 outside",
+        lambda: inside(
+            attrs.evolve(params, top_k=3, seed=21),
+            lambda row, tok: float(row[tok]) >= float(row.topk(3).values[-1]) - 1e-4,
+        ),
+    )
+    card.run(
+        "top_p = 0.5 samples only the smallest set reaching half the mass",
+        "0 outside",
+        lambda: inside(attrs.evolve(params, top_p=0.5, seed=22), top_p_set),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,7 +496,8 @@ def certify_backend(
     batch = _pg_batch(tokenizer)
     loss_fn = ClippedPGLoss(cfg=LossConfig())
     nll = sample_batch(tokenizer)
-    base = make([])
+    # a decaying schedule: a resumed step equals an uninterrupted one only if the scheduler's state came back too
+    base = make(list(DECAYING_SCHEDULE))
     try:
         from rl_core.protocols import TrainingBackend as Protocol
 
@@ -495,6 +615,21 @@ def certify_backend(
             f"<= {INVARIANCE_BOUND:.0e} (relative)",
             invariance,
         )
+
+    def clipping() -> tuple[bool, str]:
+        """With policy.max_grad_norm at half the gradient's global norm, the SGD update is the gradient scaled to
+        that norm."""
+        if not reference:
+            reference.append(gradient([]))
+        grads = reference[0][0]
+        norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+        clipped, _loss = gradient([f"policy.max_grad_norm={norm / 2}"])
+        d = _max_diff(clipped, {k: g * 0.5 for k, g in grads.items()}) / max(
+            float(g.abs().max()) for g in grads.values()
+        )
+        return d <= 1e-5, f"update vs gradient x 0.5: {_fmt(d)}"
+
+    card.run("gradient clipping follows policy.max_grad_norm", "<= 1e-05 (relative)", clipping)
     return card
 
 
@@ -687,14 +822,23 @@ def certify(
     if len(kinds) > 1:
         raise PluginError(f"{name!r} is a {' and a '.join(kinds)}: say which with --kind")
     which = kinds[0]
-    if which == "reward_source":
-        return certify_reward_source(_reward_source(name, registry, options), card=Card("reward source", name))
-    if which == "environment":
-        return _certify_environment(name, registry, options, data)
-    return _certify_ray_component(which, name, registry, quick=quick, work=work)
+    card = Card(which.replace("_", " "), name)
+    try:
+        if which == "reward_source":
+            return certify_reward_source(_reward_source(name, registry, options), card=card)
+        if which == "environment":
+            return _certify_environment(name, registry, options, data, card)
+        return _certify_ray_component(which, name, registry, quick=quick, work=work, card=card)
+    except KeyboardInterrupt:  # Ctrl-C: the card so far, and what did not run
+        card.results.append(
+            CheckResult(
+                check="interrupted", passed=False, measured="Ctrl-C", bound="", detail="later checks did not run"
+            )
+        )
+        return card
 
 
-def _certify_environment(name: str, registry: Registry, options: Sequence[str], data: Path | None) -> Card:
+def _certify_environment(name: str, registry: Registry, options: Sequence[str], data: Path | None, card: Card) -> Card:
     """On the first rows of ``data`` (JSONL), else of the built-in task of the same name, and a few plain turns."""
     from rl_core.data import TASKS, load_jsonl
 
@@ -707,7 +851,7 @@ def _certify_environment(name: str, registry: Registry, options: Sequence[str], 
     else:
         raise InputError(f"give rows for environment {name!r} to start episodes from: --data ROWS.jsonl")
     actions = ["<calc>12+30</calc>", "<answer>42</answer>", "50", "7", "", "hello", "<calc>1*2-3</calc>", "99"]
-    return certify_environment(env, rows, actions, card=Card("environment", name))
+    return certify_environment(env, rows, actions, card=card)
 
 
 def _options(config_class: type | None, name: str, options: Sequence[str]) -> Any:
@@ -729,7 +873,7 @@ def _reward_source(name: str, registry: Registry, options: Sequence[str]) -> Rew
     return spec.factory(_options(spec.config_class, f"reward source {name}", options))
 
 
-def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: bool, work: Path) -> Card:
+def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: bool, work: Path, card: Card) -> Card:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -770,7 +914,7 @@ def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: 
         cfg = config([], "engine")
         engine = spec.factory(cfg, cfg.sections.get(section_key or ""))
         try:
-            return certify_engine(engine, model, tokenizer, quick=quick, card=Card("rollout engine", name))
+            return certify_engine(engine, model, tokenizer, quick=quick, card=card)
         finally:
             engine.shutdown()
     runs = iter(range(100))
@@ -796,5 +940,5 @@ def _certify_ray_component(which: str, name: str, registry: Registry, *, quick: 
         variants=variants,
         sgd=spec.sgd_overrides,
         quick=quick,
-        card=Card("training backend", name),
+        card=card,
     )
