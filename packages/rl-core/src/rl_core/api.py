@@ -6,8 +6,13 @@ import it. What is not re-exported here is internal and may change between minor
 
 - Registration: ``hookimpl`` and the records a registration hook returns (``TrainingBackendSpec``, ...).
 - Contracts: the protocols a component implements and the records it exchanges with the core.
-- Batches: the ``batch`` helpers module and its ``TypedDict``s.
-- Weight refit: ``RefitSender`` (trainer side), ``receive_weights`` (engine side), the payload records.
+- Batches: the ``batch`` helpers module and its ``TypedDict``s. Every batch: ``input_ids`` [B, T] long (right
+  padded), ``attention_mask`` [B, T], ``loss_mask`` [B, T] float (1 where the loss counts); policy-gradient rows add
+  ``advantages``, ``generation_logprobs``, ``prev_logprobs``, ``reference_logprobs`` ([B, T] each) and
+  ``sample_mask`` [B]; DPO rows (chosen, rejected interleaved) add ``reference_logprobs``.
+- Weight refit: ``RefitSender`` (trainer side), ``receive_weights`` (engine side), the payload records. An engine's
+  ``update_weights`` returns ``replicas_stats([received_stats(...) for each engine process], seconds)``: a
+  ``RefitStats`` even for one process.
 - Ray: ``WorkerGroup`` and the layouts that place a backend's ranks and an engine's replicas (colocated or not).
 - Config: the core's sections a plugin reads, and ``structure_section`` to validate options.
 - Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
