@@ -308,7 +308,9 @@ class Config:
     #: the run folder: resolved config, metrics, checkpoints. A run in an existing folder resumes.
     run_dir: str = "runs/default"
     #: a recipe (path relative to this file, or ``builtin:NAME``) run first in ``RUN_DIR/warmup``; its final
-    #: policy becomes this run's ``policy.model_name`` (for example a short SFT warm-up before GRPO).
+    #: policy becomes this run's ``policy.model_name`` (for example a short SFT warm-up before GRPO). It runs as
+    #: written, given only this run's ``policy.model_name`` and ``seed``: other overrides (``policy.backend``, ...)
+    #: do not reach it; to change it, copy the recipe and name the copy here.
     warmup_recipe: str | None = None
     policy: PolicyConfig
     cluster: ClusterConfig = attrs.Factory(ClusterConfig)
