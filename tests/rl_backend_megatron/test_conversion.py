@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -92,32 +91,6 @@ def test_cli_convert(tmp_path, tiny_model_path):
 @pytest.mark.ray
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_run_with_both_backends_trains_with_megatron_and_says_so(tmp_path):
-    recipe = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_megatron_vllm.yaml"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rl_core.cli",
-        "run",
-        str(recipe),
-        f"run_dir={tmp_path / 'run'}",
-        "warmup_recipe=null",
-        "grpo.max_num_steps=1",
-        "grpo.max_val_samples=8",
-        "logger.progress=false",
-    ]
-    out = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "RL_MEGATRON_CHECKPOINT_DIR": str(tmp_path / "mg")},
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "training backend: megatron (priority 200; also enabled: dtensor 100)" in " ".join(out.stdout.split())
-    assert (tmp_path / "run" / "final" / "config.json").is_file()
-
-
 @pytest.mark.parametrize(
     ("override", "where"),
     [
