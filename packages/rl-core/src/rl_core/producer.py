@@ -121,6 +121,7 @@ def to_plain(scored: ScoredRollouts) -> dict[str, Any]:
         "rollouts": [attrs.asdict(r) for r in scored.rollouts],
         "rewards": scored.rewards,
         "metrics": scored.metrics,
+        "transcripts": scored.transcripts,
     }
 
 
@@ -137,5 +138,9 @@ def from_plain(data: Mapping[str, Any]) -> ScoredRollouts:
         for r in data["rollouts"]
     ]
     return ScoredRollouts(
-        examples=list(data["examples"]), rollouts=rollouts, rewards=list(data["rewards"]), metrics=dict(data["metrics"])
+        examples=list(data["examples"]),
+        rollouts=rollouts,
+        rewards=list(data["rewards"]),
+        metrics=dict(data["metrics"]),
+        transcripts=list(data.get("transcripts", [])),
     )

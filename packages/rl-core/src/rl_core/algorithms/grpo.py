@@ -296,6 +296,7 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
     kept_examples: list[Any] = []
     kept_rollouts: list[Any] = []
     kept_rewards: list[float] = []
+    kept_transcripts: list[Any] = []
     for _draw in range(cfg.dynamic_sampling_max_gen_batches):
         for p, example in enumerate(scored.examples):
             group = scored.rewards[p * G : (p + 1) * G]
@@ -304,10 +305,17 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
                 kept_examples.append(example)
                 kept_rollouts += [attrs.evolve(r, prompt_index=index) for r in scored.rollouts[p * G : (p + 1) * G]]
                 kept_rewards += group
+                kept_transcripts += scored.transcripts[p * G : (p + 1) * G]
         if len(kept_examples) >= cfg.num_prompts_per_step:
             break
         scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     if not kept_examples:  # every group was uniform: train on the last draw (its advantages are all zero)
         return scored
     metrics = {**scored.metrics, "dynamic_sampling/kept_groups": float(len(kept_examples))}
-    return ScoredRollouts(examples=kept_examples, rollouts=kept_rollouts, rewards=kept_rewards, metrics=metrics)
+    return ScoredRollouts(
+        examples=kept_examples,
+        rollouts=kept_rollouts,
+        rewards=kept_rewards,
+        metrics=metrics,
+        transcripts=kept_transcripts,
+    )
