@@ -132,9 +132,9 @@ MUTANTS = {
     PerMicroBatchMean: "loss and gradients are the same with one row per micro-batch",
     ShiftedLogprobs: "logprobs vs a plain HF forward",
     StaleRefit: "export_hf round-trips (weights and logprobs)",
-    NoopLoad: "checkpoint load is bit-exact; a resumed step equals an uninterrupted one",
+    NoopLoad: "checkpoint load is bit-exact; resumed steps equal uninterrupted ones",
     StaleExport: "export_hf round-trips (weights and logprobs)",
     ReferenceTrains: "the reference policy does not train",
     IgnoresClipping: "gradient clipping follows policy.max_grad_norm",
-    ForgetsScheduler: "checkpoint load is bit-exact; a resumed step equals an uninterrupted one",
+    ForgetsScheduler: "checkpoint load is bit-exact; resumed steps equal uninterrupted ones",
 }
