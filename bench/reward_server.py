@@ -196,8 +196,9 @@ def main() -> None:
             "batched p50 / p99 ms",
             "one-at-a-time p50 / p99 ms",
         ),
-        notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients (aiohttp), random-init "
-        f"Qwen2 sequence classifiers (tiny ~1M, small ~25M) and the exact_match rule (the HTTP path alone), "
+        notes=f"{args.requests} requests of one sample from {args.clients} concurrent clients (aiohttp); scorers: "
+        f"{', '.join(args.models.split(','))} (qwen2-*: random-init Qwen2 sequence classifiers, tiny ~1M, small ~25M; "
+        "exact_match: a rule, the HTTP path alone), "
         f"{args.reps} alternating repetitions; client and server share the 2 cores. Scoring in worker processes (the "
         "default: a deadline per call, a pool per scorer) against the server's own process (`--workers 0`, the "
         "pre-worker server), in the same run.",
