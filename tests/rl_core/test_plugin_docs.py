@@ -67,3 +67,37 @@ def test_the_documented_environment_installs_and_certifies(tmp_path: Path):
         timeout=300,
     )
     assert card.returncode == 0 and json.loads(card.stdout)["passed"], card.stdout + card.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_documented_algorithm_installs_and_runs(tmp_path: Path):
+    files = {k for k in doc_files() if k.startswith("rl-algo-bestofn/")}
+    assert files == {"rl-algo-bestofn/pyproject.toml", "rl-algo-bestofn/rl_algo_bestofn/__init__.py"}
+    env = install_documented("rl-algo-bestofn", tmp_path)
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rl_core.cli",
+            "run",
+            "algorithm=best_of_n",
+            f"run_dir={run}",
+            "warmup_recipe=null",
+            "policy.generation.backend=hf",
+            "best_of_n.max_num_steps=2",
+            "best_of_n.val_period=2",
+            "best_of_n.max_val_samples=8",
+            "best_of_n.min_reward=0.0",
+            "logger.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["kept"] == 8.0 and "train/loss" in rows[1]
+    assert "val/reward" in rows[2] and (run / "final" / "config.json").is_file()

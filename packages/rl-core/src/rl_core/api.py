@@ -16,17 +16,26 @@ import it. What is not re-exported here is internal and may change between minor
 - Ray: ``WorkerGroup`` and the layouts that place a backend's ranks and an engine's replicas (colocated or not).
 - Config: the core's sections a plugin reads, and ``structure_section`` to validate options.
 - Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
+- Algorithms: an outside algorithm (``rl_algorithms`` -> ``AlgorithmSpec``) gets the ``RunContext`` (config,
+  backend, engine, rewards, tokenizer) and builds its loop from the pieces the core's own loops use: ``run_loop``
+  (data, resume, validation, logging, checkpoints), ``RolloutLoopConfig`` (the shared knobs), ``sampling``,
+  ``generate_and_score``, ``rollout_batch``, ``refit``, ``validate_rollouts``, ``rollout_metrics``, ``Phases``,
+  the losses (``ClippedPGLoss``, ``NLLLoss``) and ``advantages``. ``docs/plugins.md`` has a complete one.
 """
 
 from __future__ import annotations
 
-from rl_core import batch
+from rl_core import advantages, batch
 from rl_core.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
 from rl_core.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
 from rl_core.config import structure_section
+from rl_core.context import Phases, RunContext
+from rl_core.data import EpochSampler, Example
 from rl_core.driver import GroupBackend, GroupEngine, Sample, start_ranks
 from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
 from rl_core.hookspecs import hookimpl
+from rl_core.loops import prefixed, run_loop
+from rl_core.losses import ClippedPGLoss, NLLLoss
 from rl_core.models import check_model_folder, resolve_model_path
 from rl_core.optim import lr_multiplier, make_optimizer, make_scheduler
 from rl_core.paths import cache_root
@@ -70,7 +79,16 @@ from rl_core.refit import (
 )
 from rl_core.registry import Registry
 from rl_core.rewards import check_reward_inputs
-from rl_core.schema import Config, OptimizerConfig, PolicyConfig, SchedulerConfig
+from rl_core.rollouts import (
+    ScoredRollouts,
+    generate_and_score,
+    refit,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+    validate_rollouts,
+)
+from rl_core.schema import Config, LossConfig, OptimizerConfig, PolicyConfig, RolloutLoopConfig, SchedulerConfig
 from rl_core.specs import (
     AlgorithmSpec,
     CliCommandSpec,
@@ -87,6 +105,7 @@ __all__ = [
     "Batch",
     "BroadcastWeights",
     "CliCommandSpec",
+    "ClippedPGLoss",
     "ComponentSpec",
     "Config",
     "ConfigError",
@@ -94,6 +113,8 @@ __all__ = [
     "Device",
     "Environment",
     "EnvironmentSpec",
+    "EpochSampler",
+    "Example",
     "FileWeights",
     "FinishReason",
     "GroupBackend",
@@ -102,10 +123,13 @@ __all__ = [
     "HostShmWeights",
     "InputError",
     "LoggerSpec",
+    "LossConfig",
     "LossFunction",
     "MetricsLogger",
+    "NLLLoss",
     "ObjectStoreWeights",
     "OptimizerConfig",
+    "Phases",
     "PluginError",
     "PolicyConfig",
     "PolicyGradientBatch",
@@ -122,16 +146,20 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "RolloutEngineSpec",
+    "RolloutLoopConfig",
     "RouteKind",
+    "RunContext",
     "Sample",
     "SamplingParams",
     "SchedulerConfig",
+    "ScoredRollouts",
     "TokenBatch",
     "TrainingBackend",
     "TrainingBackendSpec",
     "Transition",
     "WorkerDiedError",
     "WorkerGroup",
+    "advantages",
     "batch",
     "cache_root",
     "check_model_folder",
@@ -141,17 +169,25 @@ __all__ = [
     "detected_device",
     "engine_layout",
     "free_port",
+    "generate_and_score",
     "hookimpl",
     "lr_multiplier",
     "make_optimizer",
     "make_scheduler",
     "node_address",
     "policy_layout",
+    "prefixed",
     "receive_weights",
     "received_stats",
+    "refit",
     "replicas_stats",
     "resolve_model_path",
+    "rollout_batch",
+    "rollout_metrics",
+    "run_loop",
+    "sampling",
     "start_ranks",
     "structure_section",
     "thread_budget",
+    "validate_rollouts",
 ]
