@@ -142,6 +142,15 @@ class NoSleepWake:
         return None
 
 
+class EosTextKept(Passthrough):
+    """Decodes with the special tokens: a response that ends with EOS keeps its text (as an engine that forgets
+    skip_special_tokens does); nothing shows until EOS is actually generated."""
+
+    def mutate(self, rollouts, sampling):
+        eos = self.tokenizer.eos_token_id
+        return _each(rollouts, text=lambda r: r.text + self.tokenizer.eos_token if eos in r.token_ids else r.text)
+
+
 class IgnoresTruncation(Passthrough):
     """Samples from the whole distribution whatever top_k / top_p say."""
 
@@ -201,4 +210,5 @@ MUTANTS = {
     IgnoresStopStrings: "a stop string ends the response where it first occurs (cut from the text)",
     IgnoresStopTokens: "a stop token ends the response where it first occurs (kept)",
     SkipsBiases: "refit over host_shm loads the new weights",
+    EosTextKept: "an EOS ends the response, kept in token_ids and not in the text",
 }

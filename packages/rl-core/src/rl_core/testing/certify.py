@@ -317,6 +317,11 @@ def certify_engine(
     card.run("bad input raises InputError", "3/3", bad_input)
 
     _stop_checks(engine, card, prompts, params, tokenizer)
+    card.run(
+        "an EOS ends the response, kept in token_ids and not in the text",
+        "token_ids [eos], text ''",
+        lambda: _eos_check(engine, prompts, params, tokenizer, reference),
+    )
     _truncation_checks(engine, card, prompts, params, reference, pad)
     sender = RefitSender()
     receivers = tuple(engine.weight_receivers())
@@ -389,6 +394,41 @@ def _stop_checks(engine: RolloutEngine, card: Card, prompts: list[list[int]], pa
 
     card.run("a stop string ends the response where it first occurs (cut from the text)", "all cut", stop_string)
     card.run("a stop token ends the response where it first occurs (kept)", "all stopped", stop_token)
+
+
+def _eos_check(
+    engine: RolloutEngine, prompts: list[list[int]], params: Any, tokenizer: Any, reference: _Reference
+) -> tuple[bool, str, str]:
+    """EOS made certain: weights whose output rows of EOS and of the first greedy token are swapped make greedy
+    decoding's first token EOS. The engine's own weights are put back afterwards."""
+    from rl_core.refit import RefitRoute, RefitSender
+
+    eos = tokenizer.eos_token_id
+    head = "lm_head.weight"
+    greedy = attrs.evolve(params, n=1, temperature=0.0, seed=None)
+    (first,) = engine.generate(prompts[:1], greedy)
+    if head not in reference.original or not first.token_ids or first.token_ids[0] == eos:
+        return True, "not applicable", "no separate output layer, or EOS is already the first greedy token"
+    token = first.token_ids[0]
+    swapped = dict(reference.original)
+    rows = swapped[head].clone()
+    rows[[token, eos]] = rows[[eos, token]]
+    swapped[head] = rows
+    sender, receivers = RefitSender(), tuple(engine.weight_receivers())
+
+    def load(weights: Mapping[str, torch.Tensor]) -> None:
+        payload = sender.publish(weights, RefitRoute(kind="object_store", receivers=receivers))
+        _bounded(lambda: engine.update_weights(payload), REFIT_TIMEOUT_S, "a refit over object_store")
+        sender.release()
+
+    try:
+        load(swapped)
+        (out,) = engine.generate(prompts[:1], greedy)
+    finally:
+        load(reference.original)
+        sender.close()
+    ok = list(out.token_ids) == [eos] and out.text == "" and out.finish_reason == "stop"
+    return ok, f"token_ids {list(out.token_ids)[:4]}, text {out.text[:20]!r}", "" if ok else f"expected [{eos}], ''"
 
 
 def _truncation_checks(
