@@ -407,8 +407,10 @@ def test_a_freezing_input_delays_no_other_scorer_and_gets_its_422_in_seconds(sta
     elapsed = time.monotonic() - start
     reply = done["reply"]
     assert reply.status_code == 422 and "deadline of 10 s" in reply.json()["error"], reply.text
-    assert elapsed < 15, f"the freezing input took {elapsed:.1f} s to be answered"
-    assert max(waits) < 1.0, f"another scorer's requests waited {max(waits):.2f} s"
+    # bounds far from both sides: the deadline is 10 s (math-verify's own timeouts took 41 s), and a request that
+    # queued behind the freezing one would wait its 10 s
+    assert elapsed < 25, f"the freezing input took {elapsed:.1f} s to be answered"
+    assert max(waits) < 3.0, f"another scorer's requests waited {max(waits):.2f} s"
 
 
 def test_the_client_fails_only_the_samples_a_server_cannot_score(start_server):
