@@ -6,6 +6,7 @@ is the core's, not theirs) and the tokenizer has one token per character, so eve
 from typing import Any
 
 import pytest
+from episode_contexts import episode_context
 
 from rl_core.episodes import EnvironmentRunner, run_episodes
 from rl_core.protocols import Rollout, SamplingParams, Transition
@@ -81,31 +82,11 @@ def episodes(make_config):
         "environment.schedule=lockstep",
     )
     runner = EnvironmentRunner(ScriptedEnvironment(), "scripted", config.environment, ())
-    ctx = _context(config, ScriptedEngine(), CharTokenizer(), runner)
+    ctx = episode_context(config, ScriptedEngine(), CharTokenizer(), runner)
     try:
         yield run_episodes(ctx, runner, [{"prompt": p} for p in TURNS], SamplingParams(n=1, max_new_tokens=16))
     finally:
         runner.close()
-
-
-def _context(config, engine, tokenizer, runner):
-    from rl_core.context import RunContext
-
-    return RunContext(
-        config=config,
-        registry=None,
-        run_dir=None,
-        console=None,
-        tokenizer=tokenizer,
-        device="cpu",
-        backend=None,
-        engine=engine,
-        engine_name="scripted",
-        rewards=[],
-        checkpoints=None,
-        loggers=[],
-        environment=runner,
-    )
 
 
 def ids(text: str) -> list[int]:
@@ -163,7 +144,7 @@ def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(mak
         "environment.schedule=lockstep",
     )
     runner = EnvironmentRunner(FaultyEnvironment(), "faulty", config.environment, ())
-    ctx = _context(config, ScriptedEngine(), CharTokenizer(), runner)
+    ctx = episode_context(config, ScriptedEngine(), CharTokenizer(), runner)
     try:
         rollouts, _rewards, metrics, transcripts = run_episodes(
             ctx, runner, [{"prompt": p} for p in ("A", "E", "F")], SamplingParams(n=1, max_new_tokens=16)

@@ -6,6 +6,7 @@ import time
 
 import attrs
 import pytest
+from episode_contexts import episode_context as make_episode_context
 
 from rl_core.config import load_config
 from rl_core.context import Phases
@@ -73,24 +74,9 @@ def config(rl_registry, tiny_model_path, tmp_path_factory):
 
 def episode_context(config, engine, tokenizer, env, schedule="auto"):
     """A run context whose environment is ``env`` (episodes on ``schedule``), over the recorded ``engine``."""
-    from rl_core.context import RunContext
-
     cfg = attrs.evolve(config.environment, schedule=schedule)
-    return RunContext(
-        config=config,
-        registry=None,
-        run_dir=None,
-        console=None,
-        tokenizer=tokenizer,
-        device="cpu",
-        backend=None,
-        engine=Recording(engine),
-        engine_name="hf",
-        rewards=[],
-        checkpoints=None,
-        loggers=[],
-        environment=EnvironmentRunner(env, "calculator", cfg, ("</calc>", "</answer>")),
-    )
+    runner = EnvironmentRunner(env, "calculator", cfg, ("</calc>", "</answer>"))
+    return make_episode_context(config, Recording(engine), tokenizer, runner, "hf")
 
 
 def rebuild(rollout, calls, tokenizer):
