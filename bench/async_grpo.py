@@ -24,7 +24,7 @@ from typing import Any
 from grpo_vs_trl import GENERATIONS, NEW_TOKENS, PROMPTS, TRL, grpo_overrides
 from harness import ROOT, stats, write
 
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.data.tiny_models import ensure_tiny_model
 
 MODES = {
     "sync": [],
@@ -35,9 +35,9 @@ PHASES = ("wait_rollouts", "generate", "score", "logprobs", "train", "refit")
 
 
 def run(overrides: list[str], run_dir: Path, registry: Any) -> list[dict[str, float]]:
-    from rl_core.config import load_config
-    from rl_core.console import RunConsole
-    from rl_core.run import run_config
+    from rl_core.config.loader import load_config
+    from rl_core.launch.run import run_config
+    from rl_core.outputs.console import RunConsole
 
     config = load_config(None, [f"run_dir={run_dir}", "logger.progress=false", *overrides], registry)
     run_config(config, registry, RunConsole(progress=False), summary=False)
@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--skip", default="", help="comma-separated: trl, curves")
     args = parser.parse_args()
-    from rl_core.registry import Registry
+    from rl_core.plugins.registry import Registry
 
     registry = Registry.discover()
     skip = set(args.skip.split(","))

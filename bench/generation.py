@@ -15,15 +15,15 @@ from typing import Any
 import torch
 from harness import alternate, stats, write
 
-from rl_core.protocols import SamplingParams
-from rl_core.refit import RefitRoute, RouteKind
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.contracts.protocols import SamplingParams
+from rl_core.contracts.refit import RefitRoute, RouteKind
+from rl_core.data.tiny_models import ensure_tiny_model
 
 PROMPTS, NEW_TOKENS = 64, 64
 
 
 def prompts(tokenizer) -> list[list[int]]:
-    from rl_core.data import parity_task
+    from rl_core.data.prompts import parity_task
 
     return [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in parity_task(PROMPTS, seed=3)]
 
@@ -59,7 +59,7 @@ def safetensors_refit(engine, backend) -> float:
     import ray
     from safetensors.torch import load, save
 
-    from rl_core.refit import receive_weights
+    from rl_core.contracts.refit import receive_weights
 
     start = time.perf_counter()
     payload = backend.weights_for_refit(RefitRoute(kind="object_store"))
@@ -76,8 +76,8 @@ def measure(name: str, reps: int, registry: Any) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rl_backend_dtensor.backend import make_backend
-    from rl_core.cluster import init_ray
-    from rl_core.config import load_config
+    from rl_core.config.loader import load_config
+    from rl_core.distributed.cluster import init_ray
     from rl_rollout_vllm.engine import make_engine
 
     path = str(ensure_tiny_model(name))
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--models", default="qwen2-tiny,qwen2-small")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    from rl_core.registry import Registry
+    from rl_core.plugins.registry import Registry
 
     registry = Registry.discover()
     results = [measure(name, args.reps, registry) for name in args.models.split(",")]

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from harness import alternate, stats, write
 
-from rl_core import batch as B
-from rl_core.losses import NLLLoss
+from rl_core.contracts import batch as B
+from rl_core.training.losses import NLLLoss
 
 ROWS, LENGTH, MICRO, LR = 16, 1024, 4, 1e-5
 PEAK_BF16 = 989e12
@@ -47,7 +47,7 @@ def build_model(folder: Path) -> int:
     """A random Qwen2.5-0.5B-shaped model (and a tokenizer) saved to ``folder``; returns its parameter count."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rl_core.tiny_models import build_tokenizer
+    from rl_core.data.tiny_models import build_tokenizer
 
     build_tokenizer(folder)
     torch.manual_seed(0)
@@ -97,8 +97,8 @@ class Bare:
 
 def train_and_refit(args: argparse.Namespace, registry: object, work: Path) -> tuple[dict, dict]:
     from rl_backend_dtensor.backend import make_backend
-    from rl_core.config import load_config
-    from rl_core.refit import RefitRoute
+    from rl_core.config.loader import load_config
+    from rl_core.contracts.refit import RefitRoute
     from rl_rollout_hf.engine import make_engine
 
     path = work / "qwen2.5-0.5b-shape"
@@ -171,9 +171,9 @@ def train_and_refit(args: argparse.Namespace, registry: object, work: Path) -> t
 
 
 def grpo(registry: object, work: Path) -> dict:
-    from rl_core.config import load_config
-    from rl_core.console import RunConsole
-    from rl_core.run import run_config
+    from rl_core.config.loader import load_config
+    from rl_core.launch.run import run_config
+    from rl_core.outputs.console import RunConsole
 
     config = load_config(
         None, [f"run_dir={work / 'grpo'}", "policy.generation.backend=hf", "logger.progress=false"], registry
@@ -200,9 +200,9 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: train, grpo")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "bench/gpu.py needs a CUDA GPU"
-    from rl_core.cluster import init_ray
-    from rl_core.registry import Registry
-    from rl_core.schema import ClusterConfig
+    from rl_core.base.schema import ClusterConfig
+    from rl_core.distributed.cluster import init_ray
+    from rl_core.plugins.registry import Registry
 
     init_ray(ClusterConfig(), verbose=False)
     registry = Registry.discover()

@@ -23,7 +23,7 @@ from typing import Any
 
 from harness import alternate, fmt, stats, write
 
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.data.tiny_models import ensure_tiny_model
 
 PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 MODELS = {"tiny": "qwen2-tiny", "small": "qwen2-small"}
@@ -54,11 +54,11 @@ class Ours:
     """Our GRPO loop kept warm across repetitions (Ray, the engine and the trainer start once)."""
 
     def __init__(self, model: Path, beta: float, stack: contextlib.ExitStack, extra: Sequence[str] = ()) -> None:
-        from rl_core.config import load_config
-        from rl_core.data import EpochSampler, load_split
-        from rl_core.losses import ClippedPGLoss
-        from rl_core.registry import Registry
-        from rl_core.run import open_run
+        from rl_core.config.loader import load_config
+        from rl_core.data.prompts import EpochSampler, load_split
+        from rl_core.launch.run import open_run
+        from rl_core.plugins.registry import Registry
+        from rl_core.training.losses import ClippedPGLoss
 
         registry = Registry.discover()
         run_dir = stack.enter_context(tempfile.TemporaryDirectory())
@@ -107,7 +107,7 @@ class TRL:
         from transformers import AutoTokenizer, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from rl_core.data import parity_task
+        from rl_core.data.prompts import parity_task
 
         rows = parity_task(256, seed=0)
         dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])

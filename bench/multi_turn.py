@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 from harness import stats, write
 
-from rl_core.protocols import SamplingParams, Transition
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.contracts.protocols import SamplingParams, Transition
+from rl_core.data.tiny_models import ensure_tiny_model
 
 ROWS, EPISODES_PER_ROW, MAX_TURNS, TOKENS_PER_TURN = 16, 4, 4, 24
 PREAMBLE = "You may call a tool. Each call returns a number; use the numbers to answer the question. "
@@ -65,11 +65,11 @@ def measure(
     """Every side of one engine, each ``reps`` batches of episodes."""
     from transformers import AutoTokenizer
 
-    from rl_core.cluster import init_ray
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.data import parity_task
-    from rl_core.episodes import EnvironmentRunner, run_episodes
+    from rl_core.config.loader import load_config
+    from rl_core.data.prompts import parity_task
+    from rl_core.distributed.cluster import init_ray
+    from rl_core.training.context import RunContext
+    from rl_core.training.episodes import EnvironmentRunner, run_episodes
     from rl_rollout_vllm.engine import make_engine
 
     async_engine, prefix = engine_key
@@ -99,7 +99,7 @@ def measure(
             )
             ctx = RunContext(
                 config=config,
-                registry=registry,
+                hook=registry.hook,
                 run_dir=None,  # episodes need only the engine, tokenizer and config
                 console=None,
                 tokenizer=tokenizer,
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tool-latency", type=float, default=0.4)
     args = parser.parse_args()
-    from rl_core.registry import Registry
+    from rl_core.plugins.registry import Registry
 
     registry = Registry.discover()
     results = [r for key in ENGINES for r in measure(key, args.model, args.reps, args.tool_latency, registry)]

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 from harness import alternate, stats, write
 
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.data.tiny_models import ensure_tiny_model
 
 
 def free_port() -> int:

@@ -14,8 +14,8 @@ import time
 import torch
 from harness import alternate, fmt, stats, write
 
-from rl_core import batch as B
-from rl_core.tiny_models import ensure_tiny_model
+from rl_core.contracts import batch as B
+from rl_core.data.tiny_models import ensure_tiny_model
 
 ROWS, LENGTH, MICRO, LR = 32, 128, 16, 1e-5
 
@@ -35,7 +35,7 @@ class Bare:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
 
     def run(self, batch: B.Batch, steps: int) -> list[float]:
-        from rl_core.losses import NLLLoss
+        from rl_core.training.losses import NLLLoss
 
         loss_fn, out = NLLLoss(), []
         for _ in range(steps):
@@ -89,9 +89,9 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, ranks: int) -> dict:
     from rl_backend_dtensor.backend import make_backend
-    from rl_core.config import load_config
-    from rl_core.losses import NLLLoss
-    from rl_core.registry import Registry
+    from rl_core.config.loader import load_config
+    from rl_core.plugins.registry import Registry
+    from rl_core.training.losses import NLLLoss
 
     model = str(ensure_tiny_model(args.model))
     registry = Registry.discover()
@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace, ranks: int) -> dict:
             ],
             registry,
         )
-        from rl_core.cluster import init_ray
+        from rl_core.distributed.cluster import init_ray
 
         init_ray(config.cluster, verbose=False)
         ours = make_backend(config, config.section("policy.dtensor_cfg"))

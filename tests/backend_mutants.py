@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import torch
 
-from rl_core.refit import RefitRoute, RefitSender, receive_weights
+from rl_core.contracts.refit import RefitRoute, RefitSender, receive_weights
 
 
 class Passthrough:

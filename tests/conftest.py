@@ -88,7 +88,7 @@ def restore_engine(tiny_model_path: Path) -> Iterator[Callable[[Any], Any]]:
     if engines:
         from safetensors.torch import load_file
 
-        from rl_core.refit import RefitRoute, RefitSender
+        from rl_core.contracts.refit import RefitRoute, RefitSender
 
         weights = load_file(str(tiny_model_path / "model.safetensors"))
         sender = RefitSender()
@@ -103,7 +103,7 @@ def restore_engine(tiny_model_path: Path) -> Iterator[Callable[[Any], Any]]:
 @pytest.fixture(scope="module")
 def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
     """``config(*overrides)``: the engine tests' config (tiny model, CPU, 64 tokens), plus ``overrides``."""
-    from rl_core.config import load_config
+    from rl_core.config.loader import load_config
 
     def config(*overrides: str):
         base = [

@@ -9,8 +9,8 @@ from typing import Any
 
 import attrs
 
-from rl_core.protocols import Rollout, SamplingParams
-from rl_core.refit import RefitPayload, RefitStats
+from rl_core.contracts.protocols import Rollout, SamplingParams
+from rl_core.contracts.refit import RefitPayload, RefitStats
 
 
 class Passthrough:
@@ -177,7 +177,7 @@ class SkipsBiases(Passthrough):
     def update_weights(self, payload):
         from safetensors.torch import load_file
 
-        from rl_core.refit import RefitRoute, RefitSender, receive_weights
+        from rl_core.contracts.refit import RefitRoute, RefitSender, receive_weights
 
         first = load_file(str(self.model_path / "model.safetensors"))
         sent = dict(receive_weights(payload))

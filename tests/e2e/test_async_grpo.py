@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.console import RunConsole
-from rl_core.registry import Registry
-from rl_core.run import run_config
+from rl_core.launch.run import run_config
+from rl_core.outputs.console import RunConsole
+from rl_core.plugins.registry import Registry
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
-from rl_core.run import run_config
+from rl_core.config.loader import load_config
+from rl_core.launch.run import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
 
 
 def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_path: Path):
-    from rl_core.data import calculator_task
+    from rl_core.data.prompts import calculator_task
 
     run = tmp_path / "run"
     config = load_config(

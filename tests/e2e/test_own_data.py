@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
-from rl_core.run import run_config
+from rl_core.config.loader import load_config
+from rl_core.launch.run import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def test_parquet_and_saved_datasets_with_chat_prompts_train(ray_session, rl_regi
     import datasets
     from transformers import AutoTokenizer
 
-    from rl_core.data import parity_task
+    from rl_core.data.prompts import parity_task
 
     def rows(n: int, seed: int) -> list[dict]:
         return [
@@ -63,7 +63,7 @@ def test_parquet_and_saved_datasets_with_chat_prompts_train(ray_session, rl_regi
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [0, 1, 2] and "train/loss" in logged[1] and "val/reward" in logged[2]
     # what the engine is given for such a row: the template's rendering, system message first
-    from rl_core.data import render_prompt
+    from rl_core.data.prompts import render_prompt
 
     ids, text = render_prompt(tok, config.data, rows(1, 0)[0]["prompt"])
     assert text.startswith("<|system|>Answer odd or even.<|endoftext|><|user|>Even or odd?") and ids

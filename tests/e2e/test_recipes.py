@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
-from rl_core.errors import InputError
-from rl_core.run import run_config
+from rl_core.base.errors import InputError
+from rl_core.config.loader import load_config
+from rl_core.launch.run import run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
+from rl_core.config.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "slurm" / "grpo_hetjob.sbatch"

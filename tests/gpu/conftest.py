@@ -36,7 +36,7 @@ def gpu_report() -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="session")
 def small_model_path() -> Path:
     """~25M parameters (100 MB in fp32): large enough that moving it shows in the GPU's free memory."""
-    from rl_core.tiny_models import ensure_tiny_model
+    from rl_core.data.tiny_models import ensure_tiny_model
 
     return ensure_tiny_model("qwen2-small")
 

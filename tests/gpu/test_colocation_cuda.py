@@ -6,10 +6,10 @@ into the engine in place."""
 import pytest
 import torch
 
-from rl_core.losses import NLLLoss
-from rl_core.protocols import SamplingParams
-from rl_core.refit import RefitRoute
-from rl_core.rollouts import rollout_batch
+from rl_core.contracts.protocols import SamplingParams
+from rl_core.contracts.refit import RefitRoute
+from rl_core.training.losses import NLLLoss
+from rl_core.training.rollouts import rollout_batch
 
 pytestmark = [pytest.mark.ray]
 
@@ -69,8 +69,8 @@ def test_grpo_runs_colocated_on_one_gpu_with_the_hf_engine(ray_session, make_con
     import json
     from pathlib import Path
 
-    from rl_core.registry import Registry
-    from rl_core.run import run_config
+    from rl_core.launch.run import run_config
+    from rl_core.plugins.registry import Registry
 
     config = make_config(
         "warmup_recipe=null",

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rl_backend_megatron.convert import conversion_root, convert_once, hf_to_megatron, megatron_to_hf
-from rl_core.errors import InputError
+from rl_core.base.errors import InputError
 
 
 def test_checkpoint_dir_precedence(monkeypatch, tmp_path):
@@ -102,7 +102,7 @@ def test_megatron_has_no_optimizer_of_its_own_to_ignore_policy_optimizer(make_co
     """One optimizer setting for every backend: NeMo RL's megatron_cfg.optimizer / scheduler keys are refused with
     where the setting lives (they once made Megatron train at its own default lr while policy.optimizer.lr was
     silently ignored)."""
-    from rl_core.errors import ConfigError
+    from rl_core.base.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match=rf"'{override.split('=')[0].rsplit('.', 1)[0]}' is not a setting here.*{where}"

@@ -8,13 +8,13 @@ import pytest
 import torch
 from backend_mutants import MUTANTS, PerMicroBatchMean, StaleRefit
 
-from rl_core import batch as B
-from rl_core.config import load_config
-from rl_core.losses import ClippedPGLoss
-from rl_core.refit import RefitRoute, receive_weights
-from rl_core.schema import LossConfig
-from rl_core.testing.certify import certify_backend
+from rl_core.base.schema import LossConfig
+from rl_core.certify.backend import certify_backend
+from rl_core.config.loader import load_config
+from rl_core.contracts import batch as B
+from rl_core.contracts.refit import RefitRoute, receive_weights
 from rl_core.testing.conformance import hf_logprobs, sample_batch
+from rl_core.training.losses import ClippedPGLoss
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.slow]
 
@@ -80,7 +80,7 @@ PARITY = {"qwen2-tiny-tied": tuple(LAYOUTS), "qwen3-tiny": tuple(LAYOUTS), "llam
 
 @pytest.mark.parametrize("name", PARITY)
 def test_logits_match_hugging_face_at_every_layout(ray_session, rl_registry, tmp_path, name):
-    from rl_core.tiny_models import ensure_tiny_model
+    from rl_core.data.tiny_models import ensure_tiny_model
 
     path = ensure_tiny_model(name)
     batch = pg_batch(tokenizer_of(path))
@@ -134,7 +134,7 @@ def test_two_data_parallel_ranks_take_the_one_rank_sgd_step(ray_session, rl_regi
 
 def test_tied_embeddings_train_alike_split_over_pipeline_stages(ray_session, rl_registry, tmp_path):
     """The embedding's two copies (first and last stage) get the sum of both gradients and stay equal."""
-    from rl_core.tiny_models import ensure_tiny_model
+    from rl_core.data.tiny_models import ensure_tiny_model
 
     path = ensure_tiny_model("qwen2-tiny-tied")
     batch = pg_batch(tokenizer_of(path))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rl_core.advantages import group_advantages, kl_penalized_rewards, overlong_penalty
+from rl_core.training.advantages import group_advantages, kl_penalized_rewards, overlong_penalty
 
 REWARDS = torch.tensor(
     [

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rl_core import batch as B
+from rl_core.contracts import batch as B
 
 
 def make(rows):

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rl_core.rewards import NumberMatch
-from rl_core.testing.certify import certify_reward_source
+from rl_core.certify.reward import certify_reward_source
+from rl_core.rewards.sources import NumberMatch
 
 
 class Passthrough:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.checkpoint import CheckpointError, CheckpointManager, atomic_folder
-from rl_core.schema import CheckpointingConfig
+from rl_core.base.schema import CheckpointingConfig
+from rl_core.outputs.checkpoint import CheckpointError, CheckpointManager, atomic_folder
 
 
 def write_policy(path: Path) -> None:
@@ -106,7 +106,7 @@ def test_an_export_is_whole_or_absent(tmp_path: Path):
 
 
 def test_resume_drops_the_metrics_logged_after_the_checkpoint(tmp_path: Path):
-    from rl_core.metrics import JsonlLogger
+    from rl_core.outputs.metrics import JsonlLogger
 
     logger = JsonlLogger(tmp_path)
     for step in range(6):

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import apply_overrides, dump_yaml, load_config, parse_override, read_yaml
-from rl_core.errors import ConfigError, PluginError
-from rl_core.registry import Registry
+from rl_core.base.errors import ConfigError, PluginError
+from rl_core.base.schema import dump_yaml
+from rl_core.config.loader import apply_overrides, load_config, parse_override, read_yaml
+from rl_core.plugins.registry import Registry
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +98,15 @@ def test_resolved_config_round_trips(reg, tmp_path: Path):
 
 
 def test_selection_from_config(reg):
-    from rl_core.selection import select_components
+    from rl_core.plugins.selection import select
 
     both = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.dtensor_cfg.enabled=True"], reg)
     assert (
-        select_components(both, reg, "cpu").backend.describe()
+        select(both, reg, "cpu").backend.describe()
         == "training backend: megatron (priority 200; also enabled: dtensor 100)"
     )
     named = load_config(None, ["policy.megatron_cfg.enabled=True", "policy.backend=dtensor"], reg)
-    assert select_components(named, reg, "cpu").backend.chosen.name == "dtensor"
+    assert select(named, reg, "cpu").backend.chosen.name == "dtensor"
     none = load_config(None, ["policy.dtensor_cfg.enabled=False"], reg)
     with pytest.raises(PluginError, match="no training backend is enabled"):
-        select_components(none, reg, "cpu")
+        select(none, reg, "cpu")

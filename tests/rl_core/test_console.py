@@ -7,7 +7,7 @@ import re
 import pytest
 from rich.console import Console
 
-from rl_core.console import RunConsole
+from rl_core.outputs.console import RunConsole
 
 METRICS = {
     "reward": 0.53125,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.data import load_split, render_prompt
-from rl_core.errors import ConfigError, InputError
-from rl_core.models import resolve_model_path
-from rl_core.schema import DataConfig
+from rl_core.base.errors import ConfigError, InputError
+from rl_core.base.schema import DataConfig
+from rl_core.data.models import resolve_model_path
+from rl_core.data.prompts import load_split, render_prompt
 
 ROWS = [{"prompt": f"Q: {a} + 1 = ? A:", "answer": str(a + 1)} for a in range(6)]
 #: a chat template that shows each role (the tiny tokenizer has none of its own)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from episode_contexts import episode_context
 
-from rl_core.episodes import EnvironmentRunner, run_episodes
-from rl_core.protocols import Rollout, SamplingParams, Transition
+from rl_core.contracts.protocols import Rollout, SamplingParams, Transition
+from rl_core.training.episodes import EnvironmentRunner, run_episodes
 
 #: per prompt: the model's turns, in order (each turn's text; one token per character)
 TURNS = {
@@ -133,7 +133,7 @@ class FaultyEnvironment(ScriptedEnvironment):
 
 
 def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(make_config, caplog):
-    from rl_core.rollouts import rollout_batch
+    from rl_core.training.rollouts import rollout_batch
 
     TURNS.update({"E": ["never"], "F": ["ab"]})
     config = make_config(
@@ -156,7 +156,7 @@ def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(mak
     assert ended[0] == "max_turns" and ended[1].startswith("error: reset: ValueError") and ended[2] == "timeout"
     assert [len(r.token_ids) for r in rollouts] == [2 * (4 + 3), 0, 2]  # A: two turns, each answered
     assert metrics["env/ended_error"] == pytest.approx(1 / 3) and metrics["env/ended_timeout"] == pytest.approx(1 / 3)
-    faults = [r.getMessage() for r in caplog.records if r.name == "rl_core.episodes"]
+    faults = [r.getMessage() for r in caplog.records if r.name == "rl_core.training.episodes"]
     assert len(faults) == 1 and "1 episode(s) ended by a step past environment.step_timeout_s" in faults[0]
     assert "1 by an error" in faults[0]
     batch = rollout_batch(rollouts, 0, 32)  # an episode with no turn still trains as an empty response

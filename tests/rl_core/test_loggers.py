@@ -48,7 +48,7 @@ def drive(logger) -> None:
 
 
 def test_wandb_logs_offline_into_the_run_folder(make_config, tmp_path: Path, monkeypatch):
-    from rl_core.metrics import WandbLogger
+    from rl_core.outputs.metrics import WandbLogger
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     drive(WandbLogger(make_config("logger.wandb_enabled=true"), tmp_path))
@@ -66,7 +66,7 @@ def test_wandb_logs_offline_into_the_run_folder(make_config, tmp_path: Path, mon
 def test_mlflow_logs_to_a_sqlite_store_in_the_run_folder(make_config, tmp_path: Path, monkeypatch):
     import mlflow
 
-    from rl_core.metrics import EXPERIMENT, MlflowLogger
+    from rl_core.outputs.metrics import EXPERIMENT, MlflowLogger
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     drive(MlflowLogger(make_config("logger.mlflow_enabled=true"), tmp_path))
@@ -82,7 +82,7 @@ def test_mlflow_logs_to_a_sqlite_store_in_the_run_folder(make_config, tmp_path: 
 def test_tensorboard_writes_event_files_with_scalars_and_samples(make_config, tmp_path: Path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rl_core.metrics import TensorBoardLogger
+    from rl_core.outputs.metrics import TensorBoardLogger
 
     drive(TensorBoardLogger(tmp_path))
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
@@ -95,7 +95,7 @@ def test_tensorboard_writes_event_files_with_scalars_and_samples(make_config, tm
 def test_a_logger_follows_its_tools_environment_variable(make_config, tmp_path: Path, monkeypatch, logger):
     """WANDB_MODE and MLFLOW_TRACKING_URI, each tool's own switch, are honoured when the config does not say."""
     if logger == "wandb":
-        from rl_core.metrics import WandbLogger
+        from rl_core.outputs.metrics import WandbLogger
 
         monkeypatch.setenv("WANDB_MODE", "disabled")
         drive(WandbLogger(make_config(), tmp_path))
@@ -103,7 +103,7 @@ def test_a_logger_follows_its_tools_environment_variable(make_config, tmp_path: 
     else:
         import mlflow
 
-        from rl_core.metrics import MlflowLogger
+        from rl_core.outputs.metrics import MlflowLogger
 
         uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

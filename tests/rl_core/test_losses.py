@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
-from rl_core.schema import LossConfig
+from rl_core.base.schema import LossConfig
+from rl_core.training.losses import ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
 
 
 def pg_batch(ratios, advantages, prev=None, **extra):
@@ -203,8 +203,8 @@ def test_dpo_reference_free_average_and_sft_term():
 def test_a_batch_left_on_another_device_is_named_by_the_loss(loss):
     """What failed in the Megatron worker on CUDA (its micro-batches stayed on the CPU): the loss now names the key
     instead of a device-mismatch error deep in autograd."""
-    from rl_core.errors import InputError
-    from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss
+    from rl_core.base.errors import InputError
+    from rl_core.training.losses import ClippedPGLoss, DPOLoss, NLLLoss
 
     batch = {
         "input_ids": torch.zeros(2, 3, dtype=torch.long),

@@ -4,9 +4,9 @@ and gradients: the losses are sums divided by a global normaliser."""
 import pytest
 import torch
 
-from rl_core import batch as B
-from rl_core.losses import ClippedPGLoss, DPOLoss, NLLLoss
-from rl_core.schema import LossConfig
+from rl_core.base.schema import LossConfig
+from rl_core.contracts import batch as B
+from rl_core.training.losses import ClippedPGLoss, DPOLoss, NLLLoss
 
 
 class TinyLM(torch.nn.Module):

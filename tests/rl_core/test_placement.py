@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from rl_core.errors import ConfigError
-from rl_core.placement import engine_layout, policy_layout
+from rl_core.base.errors import ConfigError
+from rl_core.distributed.placement import engine_layout, policy_layout
 
 SCRIPT = textwrap.dedent(
     """
@@ -18,10 +18,10 @@ SCRIPT = textwrap.dedent(
 
     import ray
 
-    from rl_core.cluster import WorkerGroup
-    from rl_core.config import load_config
-    from rl_core.placement import engine_layout, policy_layout
-    from rl_core.registry import Registry
+    from rl_core.distributed.cluster import WorkerGroup
+    from rl_core.config.loader import load_config
+    from rl_core.distributed.placement import engine_layout, policy_layout
+    from rl_core.plugins.registry import Registry
 
 
     class Probe:

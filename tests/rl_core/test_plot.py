@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_core.plot import panels
+from rl_core.outputs.plot import panels
 
 #: matplotlib's first two default colours: the first and second curve of a panel
 BLUE, ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from rl_core.refit import (
+from rl_core.contracts.refit import (
     CudaIpcWeights,
     ObjectStoreWeights,
     RefitRoute,

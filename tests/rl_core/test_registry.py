@@ -4,10 +4,11 @@ registry's own logic is under test (the real third-party discovery is in test_th
 import attrs
 import pytest
 
-from rl_core.errors import ConfigError, PluginError
-from rl_core.hookspecs import hookimpl
-from rl_core.registry import Registry
-from rl_core.specs import TrainingBackendSpec
+from rl_core.base.errors import ConfigError, PluginError
+from rl_core.plugins.hookspecs import hookimpl
+from rl_core.plugins.registry import Registry
+from rl_core.plugins.selection import choose
+from rl_core.plugins.specs import TrainingBackendSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -51,24 +52,26 @@ def test_selection_by_priority_and_explicit_override():
     reg = Registry.discover(
         entry_points=False, extra=[("lo", backend_plugin("lo", 100, "p.lo")), ("hi", backend_plugin("hi", 200, "p.hi"))]
     )
-    chosen = reg.select(
-        "training_backend", explicit=None, enabled={"lo": True, "hi": True}, selector_key="policy.backend"
+    chosen = choose(
+        reg, TrainingBackendSpec, explicit=None, enabled={"lo": True, "hi": True}, selector_key="policy.backend"
     )
     assert chosen.describe() == "training backend: hi (priority 200; also enabled: lo 100)"
-    only_lo = reg.select(
-        "training_backend", explicit=None, enabled={"lo": True, "hi": False}, selector_key="policy.backend"
+    only_lo = choose(
+        reg, TrainingBackendSpec, explicit=None, enabled={"lo": True, "hi": False}, selector_key="policy.backend"
     )
     assert only_lo.chosen.name == "lo" and not only_lo.runners_up
-    named = reg.select(
-        "training_backend", explicit="lo", enabled={"lo": True, "hi": True}, selector_key="policy.backend"
+    named = choose(
+        reg, TrainingBackendSpec, explicit="lo", enabled={"lo": True, "hi": True}, selector_key="policy.backend"
     )
     assert named.chosen.name == "lo" and "named by policy.backend" in named.describe()
     with pytest.raises(PluginError, match="no training backend is enabled"):
-        reg.select("training_backend", explicit=None, enabled={"lo": False, "hi": False}, selector_key="policy.backend")
+        choose(
+            reg, TrainingBackendSpec, explicit=None, enabled={"lo": False, "hi": False}, selector_key="policy.backend"
+        )
     with pytest.raises(PluginError, match="no training backend named 'nope'"):
-        reg.select("training_backend", explicit="nope", enabled={}, selector_key="policy.backend")
+        choose(reg, TrainingBackendSpec, explicit="nope", enabled={}, selector_key="policy.backend")
     with pytest.raises(PluginError, match=r"named 'hii' is installed \(available: hi, lo\)\. Did you mean 'hi'\?"):
-        reg.select("training_backend", explicit="hii", enabled={}, selector_key="policy.backend")
+        choose(reg, TrainingBackendSpec, explicit="hii", enabled={}, selector_key="policy.backend")
 
 
 def test_builtins_register_through_the_same_hooks():
@@ -87,7 +90,7 @@ def test_disabled_plugins_are_named_in_errors(monkeypatch):
 
 
 def test_the_automatic_weight_route_follows_device_and_placement_unless_named(rl_registry, make_config):
-    from rl_core.selection import route_description
+    from rl_core.plugins.selection import route_description
 
     describe = lambda device, *o: route_description(make_config(*o), device)  # noqa: E731
     assert describe("cpu").startswith("host_shm when the engine shares the trainer's host")
@@ -100,21 +103,21 @@ def test_the_automatic_weight_route_follows_device_and_placement_unless_named(rl
 
 def test_asynchronous_grpo_with_a_colocated_engine_on_gpus_is_refused_before_anything_starts(rl_registry, make_config):
     """Overlapping generation and training needs the engine on GPUs of its own; on CPU there is nothing to share."""
-    from rl_core.selection import select_components
+    from rl_core.plugins.selection import select
 
     one_step = make_config("grpo.async_mode=one_step")
     with pytest.raises(ConfigError, match=r"grpo.async_mode=one_step .* set policy.generation.colocated=false"):
-        select_components(one_step, rl_registry, "cuda")
-    select_components(one_step, rl_registry, "cpu")
-    select_components(make_config("grpo.async_mode=one_step", "policy.generation.colocated=false"), rl_registry, "cuda")
-    select_components(make_config(), rl_registry, "cuda")
+        select(one_step, rl_registry, "cuda")
+    select(one_step, rl_registry, "cpu")
+    select(make_config("grpo.async_mode=one_step", "policy.generation.colocated=false"), rl_registry, "cuda")
+    select(make_config(), rl_registry, "cuda")
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce"])
 def test_rollouts_that_do_not_make_whole_optimizer_steps_are_refused_before_anything_starts(
     rl_registry, make_config, algorithm
 ):
-    from rl_core.selection import select_components
+    from rl_core.plugins.selection import select
 
     config = make_config(
         f"algorithm={algorithm}",
@@ -129,7 +132,7 @@ def test_rollouts_that_do_not_make_whole_optimizer_steps_are_refused_before_anyt
         r"step\) is not a multiple of policy.train_global_batch_size \(8\); change one of them, e.g. "
         r"policy.train_global_batch_size=5",
     ):
-        select_components(config, rl_registry, "cpu")
+        select(config, rl_registry, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -155,7 +158,7 @@ def test_rollouts_that_do_not_make_whole_optimizer_steps_are_refused_before_anyt
 )
 def test_a_plugin_that_fails_to_import_gets_advice_that_fits_the_failure(error, module, advice):
     """Reinstalling is advice only when the plugin's own module is missing; a missing dependency is named."""
-    from rl_core.registry import import_advice
+    from rl_core.plugins.registry import import_advice
 
     assert import_advice(error, module, "rl-backend-x").startswith(advice)
 

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.console import RunConsole
-from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
-from rl_core.hookspecs import hookimpl
-from rl_core.registry import Registry
-from rl_core.run import prepare_run, run_config
-from rl_core.specs import RolloutEngineSpec
+from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreError
+from rl_core.launch.run import prepare_run, run_config
+from rl_core.outputs.console import RunConsole
+from rl_core.plugins.hookspecs import hookimpl
+from rl_core.plugins.registry import Registry
+from rl_core.plugins.specs import RolloutEngineSpec
 
 
 def prepare(make_config, *overrides: str):
@@ -84,7 +84,7 @@ def test_the_core_registers_through_its_entry_point():
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_finished_one_frees_it(tmp_path: Path):
-    from rl_core.run import run_lock
+    from rl_core.launch.run import run_lock
 
     with (
         run_lock(tmp_path),
@@ -112,7 +112,7 @@ class Record:
     ids=["truncated", "not-json", "not-a-record", "string-metric"],
 )
 def test_a_complete_json_that_is_not_a_record_is_named_and_ignored(tmp_path: Path, content: str):
-    from rl_core.run import COMPLETE, _finished
+    from rl_core.launch.run import COMPLETE, _finished
 
     (tmp_path / COMPLETE).write_text(content)
     console = Record()
@@ -123,7 +123,7 @@ def test_a_complete_json_that_is_not_a_record_is_named_and_ignored(tmp_path: Pat
 def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_config):
     import json
 
-    from rl_core.run import COMPLETE, _finished, run_identity
+    from rl_core.launch.run import COMPLETE, _finished, run_identity
 
     config = make_config("grpo.max_num_steps=4")
     (tmp_path / COMPLETE).write_text(json.dumps({"config": run_identity(config), "metrics": {"val/reward": 1}}))

@@ -8,13 +8,13 @@ import attrs
 import pytest
 from episode_contexts import episode_context as make_episode_context
 
-from rl_core.config import load_config
-from rl_core.context import Phases
-from rl_core.environments import Calculator, CalculatorConfig
-from rl_core.episodes import EnvironmentRunner
-from rl_core.protocols import SamplingParams, Transition
-from rl_core.rollouts import generate_and_score, rollout_batch
-from rl_core.testing.certify import certify_environment
+from rl_core.certify.reward import certify_environment
+from rl_core.config.loader import load_config
+from rl_core.contracts.protocols import SamplingParams, Transition
+from rl_core.rewards.environments import Calculator, CalculatorConfig
+from rl_core.training.context import Phases
+from rl_core.training.episodes import EnvironmentRunner
+from rl_core.training.rollouts import generate_and_score, rollout_batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -196,8 +196,8 @@ def _slow_actor():
 
 
 def test_the_built_in_environments_certify():
-    from rl_core.data import calculator_task, guess_number_task
-    from rl_core.environments import GuessNumber
+    from rl_core.data.prompts import calculator_task, guess_number_task
+    from rl_core.rewards.environments import GuessNumber
 
     actions = ["<calc>12+30</calc>", "<answer>42</answer>", "50", "nothing"] * 2
     assert certify_environment(Calculator(cfg=CalculatorConfig()), calculator_task(8, 0), actions).passed

@@ -6,14 +6,14 @@ import asyncio
 import pytest
 from engine_mutants import MUTANTS, NoopRefit, ScaledLogprobs
 
-from rl_core.hookspecs import hookimpl
-from rl_core.losses import NLLLoss
-from rl_core.protocols import SamplingParams
-from rl_core.refit import RefitRoute
-from rl_core.rollouts import rollout_batch
-from rl_core.specs import RolloutEngineSpec
-from rl_core.testing.certify import certify_engine
+from rl_core.certify.engine import certify_engine
+from rl_core.contracts.protocols import SamplingParams
+from rl_core.contracts.refit import RefitRoute
+from rl_core.plugins.hookspecs import hookimpl
+from rl_core.plugins.specs import RolloutEngineSpec
 from rl_core.testing.conformance import check_rollout_engine
+from rl_core.training.losses import NLLLoss
+from rl_core.training.rollouts import rollout_batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -140,10 +140,10 @@ class WrongEngines:
     ],
 )
 def test_a_run_with_a_wrong_engine_stops_naming_it(ray_session, make_config, tiny_model_path, name, message):
-    from rl_core.console import RunConsole
-    from rl_core.health import HealthCheckError
-    from rl_core.registry import Registry
-    from rl_core.run import run_config
+    from rl_core.launch.run import run_config
+    from rl_core.outputs.console import RunConsole
+    from rl_core.plugins.registry import Registry
+    from rl_core.training.health import HealthCheckError
 
     config = make_config(
         "warmup_recipe=null",

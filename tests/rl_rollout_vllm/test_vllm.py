@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from engine_mutants import MUTANTS, AlwaysStop, CopiedSamples, NoopRefit, SeedIgnored, TemperedLogprobs
 
-from rl_core.errors import InputError, RLCoreError
-from rl_core.losses import NLLLoss
-from rl_core.protocols import SamplingParams
-from rl_core.refit import RefitRoute
-from rl_core.testing.certify import certify_engine
+from rl_core.base.errors import InputError, RLCoreError
+from rl_core.certify.engine import certify_engine
+from rl_core.contracts.protocols import SamplingParams
+from rl_core.contracts.refit import RefitRoute
 from rl_core.testing.conformance import check_rollout_engine
+from rl_core.training.losses import NLLLoss
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def backend(ray_session, config, engine):
 
 
 def rollouts_and_batch(engine, tokenizer, seed):
-    from rl_core.rollouts import rollout_batch
+    from rl_core.training.rollouts import rollout_batch
 
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     rollouts = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=12, seed=seed))
@@ -169,7 +169,7 @@ class Chat:
         return row["prompt"], None
 
     def step(self, state, action):
-        from rl_core.protocols import Transition
+        from rl_core.contracts.protocols import Transition
 
         return Transition(observation=" ok", state=state)
 
@@ -182,7 +182,7 @@ def test_multi_turn_episodes_stream_on_the_async_engine_and_are_reproducible(eng
 
     import attrs
 
-    from rl_core.episodes import EnvironmentRunner, run_episodes, streaming
+    from rl_core.training.episodes import EnvironmentRunner, run_episodes, streaming
 
     assert streaming("auto", engine) == async_engine, "auto streams on the async engine, lockstep on LLM"
     cfg = attrs.evolve(config.environment, max_turns=3, max_total_tokens=36, max_tokens_per_turn=8)

@@ -68,7 +68,6 @@ class MegatronWorker:
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from transformers import AutoConfig
 
         self.pp = self.cfg.pipeline_model_parallel_size
@@ -93,8 +92,25 @@ class MegatronWorker:
         from megatron.core.distributed import finalize_model_grads
 
         model.config.finalize_model_grads_func = finalize_model_grads
+        self.optimizer = self._optimizer()
+        from rl_core.api import node_address
+
+        ip, node_id = node_address()
+        return {
+            "rank": self.rank,
+            "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(),
+            "dp_rank": ps.get_data_parallel_rank(),
+            "ip": ip,
+            "node_id": node_id,
+        }
+
+    def _optimizer(self) -> Any:
+        """Megatron's optimizer with the core's ``policy.optimizer`` settings and ``policy.max_grad_norm``."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
         o, self.schedule = self.policy.optimizer, self.policy.scheduler
-        self.optimizer = get_megatron_optimizer(
+        return get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam" if o.name == "adamw" else "sgd",  # megatron's adam decouples weight decay
                 lr=o.lr,
@@ -110,17 +126,6 @@ class MegatronWorker:
             ),
             [self.model],
         )
-        from rl_core.api import node_address
-
-        ip, node_id = node_address()
-        return {
-            "rank": self.rank,
-            "tp_rank": ps.get_tensor_model_parallel_rank(),
-            "pp_rank": ps.get_pipeline_model_parallel_rank(),
-            "dp_rank": ps.get_data_parallel_rank(),
-            "ip": ip,
-            "node_id": node_id,
-        }
 
     def _to_global(self, name: str) -> str:
         """A local parameter name with this pipeline stage's layer index turned into the model's."""

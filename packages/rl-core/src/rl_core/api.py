@@ -13,6 +13,8 @@ import it. What is not re-exported here is internal and may change between minor
 - Weight refit: ``RefitSender`` (trainer side), ``receive_weights`` (engine side), the payload records. An engine's
   ``update_weights`` returns ``replicas_stats([received_stats(...) for each engine process], seconds)``: a
   ``RefitStats`` even for one process.
+- Workers: ``RankWorker`` and ``ReplicaWorker`` (or ``AsyncReplicaWorker``), what the one class a group backend or engine plugin writes
+  implements (``GroupBackend`` / ``GroupEngine`` drive them; ``start_ranks`` / ``start_replicas`` start them).
 - Ray: ``WorkerGroup`` and the layouts that place a backend's ranks and an engine's replicas (colocated or not).
 - Config: the core's sections a plugin reads, and ``structure_section`` to validate options.
 - Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
@@ -25,30 +27,13 @@ import it. What is not re-exported here is internal and may change between minor
 
 from __future__ import annotations
 
-from rl_core import advantages, batch
-from rl_core.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
-from rl_core.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
-from rl_core.config import structure_section
-from rl_core.context import Phases, RunContext
-from rl_core.data import EpochSampler, Example
-from rl_core.driver import GroupBackend, GroupEngine, Sample, start_ranks
-from rl_core.errors import ConfigError, InputError, PluginError, RLCoreError
-from rl_core.hookspecs import hookimpl
-from rl_core.loops import prefixed, run_loop
-from rl_core.losses import ClippedPGLoss, NLLLoss
-from rl_core.models import check_model_folder, resolve_model_path
-from rl_core.optim import lr_multiplier, make_optimizer, make_scheduler
-from rl_core.paths import cache_root
-from rl_core.placement import (
-    Device,
-    GroupLayout,
-    colocated,
-    detected_device,
-    engine_layout,
-    policy_layout,
-    thread_budget,
-)
-from rl_core.protocols import (
+from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreError
+from rl_core.base.paths import cache_root
+from rl_core.base.schema import Config, LossConfig, OptimizerConfig, PolicyConfig, RolloutLoopConfig, SchedulerConfig
+from rl_core.config.loader import structure_section
+from rl_core.contracts import batch
+from rl_core.contracts.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
+from rl_core.contracts.protocols import (
     Environment,
     FinishReason,
     LossFunction,
@@ -61,7 +46,7 @@ from rl_core.protocols import (
     TrainingBackend,
     Transition,
 )
-from rl_core.refit import (
+from rl_core.contracts.refit import (
     BroadcastWeights,
     CudaIpcWeights,
     FileWeights,
@@ -77,19 +62,23 @@ from rl_core.refit import (
     received_stats,
     replicas_stats,
 )
-from rl_core.registry import Registry
-from rl_core.rewards import check_reward_inputs
-from rl_core.rollouts import (
-    ScoredRollouts,
-    generate_and_score,
-    refit,
-    rollout_batch,
-    rollout_metrics,
-    sampling,
-    validate_rollouts,
+from rl_core.contracts.workers import AsyncReplicaWorker, RankWorker, ReplicaWorker, Sample
+from rl_core.data.models import check_model_folder, resolve_model_path
+from rl_core.data.prompts import EpochSampler, Example
+from rl_core.distributed.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
+from rl_core.distributed.driver import GroupBackend, GroupEngine, start_ranks, start_replicas
+from rl_core.distributed.placement import (
+    Device,
+    GroupLayout,
+    colocated,
+    detected_device,
+    engine_layout,
+    policy_layout,
+    thread_budget,
 )
-from rl_core.schema import Config, LossConfig, OptimizerConfig, PolicyConfig, RolloutLoopConfig, SchedulerConfig
-from rl_core.specs import (
+from rl_core.plugins.hookspecs import hookimpl
+from rl_core.plugins.registry import Registry
+from rl_core.plugins.specs import (
     AlgorithmSpec,
     CliCommandSpec,
     ComponentSpec,
@@ -99,9 +88,25 @@ from rl_core.specs import (
     RolloutEngineSpec,
     TrainingBackendSpec,
 )
+from rl_core.rewards.sources import check_reward_inputs
+from rl_core.training import advantages
+from rl_core.training.context import Phases, RunContext
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import ClippedPGLoss, NLLLoss
+from rl_core.training.optim import lr_multiplier, make_optimizer, make_scheduler
+from rl_core.training.rollouts import (
+    ScoredRollouts,
+    generate_and_score,
+    refit,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+    validate_rollouts,
+)
 
 __all__ = [
     "AlgorithmSpec",
+    "AsyncReplicaWorker",
     "Batch",
     "BroadcastWeights",
     "CliCommandSpec",
@@ -135,11 +140,13 @@ __all__ = [
     "PolicyGradientBatch",
     "PreferenceBatch",
     "RLCoreError",
+    "RankWorker",
     "RefitPayload",
     "RefitRoute",
     "RefitSender",
     "RefitStats",
     "Registry",
+    "ReplicaWorker",
     "Reward",
     "RewardSource",
     "RewardSourceSpec",
@@ -187,6 +194,7 @@ __all__ = [
     "run_loop",
     "sampling",
     "start_ranks",
+    "start_replicas",
     "structure_section",
     "thread_budget",
     "validate_rollouts",

@@ -10,19 +10,33 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-import typing
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from rl_core.__about__ import __version__
-from rl_core.errors import RLCoreError
-from rl_core.registry import Kind, Registry
+from rl_core.base.errors import RLCoreError
+from rl_core.base.schema import dump_yaml
+from rl_core.certify import certify
+from rl_core.config.loader import load_config
+from rl_core.config.reference import config_reference
+from rl_core.data.prompts import load_split
+from rl_core.distributed.placement import detected_device, engine_layout, policy_layout
+from rl_core.launch.run import check_loggers, run_config
+from rl_core.outputs.console import RunConsole
+from rl_core.outputs.logs import run_logs
+from rl_core.outputs.plot import plot_run
+from rl_core.plugins.registry import Registry
+from rl_core.plugins.selection import select
+from rl_core.plugins.specs import KINDS, CliCommandSpec
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -37,7 +51,7 @@ def _split_config(items: Sequence[str]) -> tuple[Path | None, list[str]]:
 
 def _components(registry: Registry, plugin: str) -> list[dict[str, Any]]:
     out = []
-    for kind in typing.get_args(Kind):
+    for kind in KINDS:
         for name, spec in registry.specs(kind).items():
             if registry.owner(kind, name).name == plugin:
                 out.append(
@@ -87,13 +101,10 @@ def cmd_plugins(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def explain(items: Sequence[str], registry: Registry, *, as_json: bool) -> int:
-    from rl_core.config import load_config
-    from rl_core.placement import detected_device
-    from rl_core.selection import select_components
 
     path, overrides = _split_config(items)
     config = load_config(path, overrides, registry)
-    chosen = select_components(config, registry, detected_device(config))
+    chosen = select(config, registry, detected_device(config))
     if as_json:
         data: dict[str, Any] = {"algorithm": config.algorithm, "training_backend": _sel(chosen.backend)}
         if chosen.engine is not None:
@@ -117,12 +128,6 @@ def _sel(selection: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
-    import attrs
-
-    from rl_core.config import load_config
-    from rl_core.console import RunConsole
-    from rl_core.logs import run_logs
-    from rl_core.run import run_config
 
     path, overrides = _split_config(args.items)
     config = load_config(path, overrides, registry)
@@ -139,14 +144,9 @@ def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
 def dry_run(config: Any, registry: Registry) -> int:
     """What ``rl-core run`` would do, without starting anything: the resolved config, the components chosen and
     why, where the workers would go, how much data there is."""
-    from rl_core.config import dump_yaml
-    from rl_core.data import load_split
-    from rl_core.placement import detected_device, engine_layout, policy_layout
-    from rl_core.run import check_loggers
-    from rl_core.selection import select_components
 
     device = detected_device(config)
-    chosen = select_components(config, registry, device)
+    chosen = select(config, registry, device)
     check_loggers(config, registry)
     console.print("== resolved config", style="bold")
     sys.stdout.write(dump_yaml(config))
@@ -172,9 +172,6 @@ def dry_run(config: Any, registry: Registry) -> int:
 
 
 def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:
-    import tempfile
-
-    from rl_core.testing.certify import certify
 
     with tempfile.TemporaryDirectory(prefix="rl-core-certify-") as work:
         card = certify(
@@ -188,7 +185,6 @@ def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, _registry: Registry) -> int:
-    from rl_core.plot import plot_run
 
     out = plot_run(Path(args.run_dir), Path(args.output) if args.output else None)
     console.print(f"wrote {out}")
@@ -196,7 +192,6 @@ def cmd_plot(args: argparse.Namespace, _registry: Registry) -> int:
 
 
 def cmd_config_reference(args: argparse.Namespace, registry: Registry) -> int:
-    from rl_core.docs import config_reference
 
     text = config_reference(registry)
     if args.output:
@@ -294,7 +289,7 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output")
     p.set_defaults(handler=cmd_config_reference)
 
-    for name, spec in registry.specs("cli_command").items():
+    for name, spec in registry.specs(CliCommandSpec).items():
         p = sub.add_parser(name, parents=[common], help=spec.help)
         spec.configure(p)
         p.set_defaults(handler=lambda a, _r, spec=spec: spec.run(a))
@@ -345,7 +340,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _silence_stdout() -> None:
     """After a broken pipe, point stdout at /dev/null so that Python's exit flush does not fail again."""
-    import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())

@@ -75,7 +75,7 @@ Failure = tuple[int, str]
 
 
 class RemoteRewardSource:
-    """Implements ``rl_core.protocols.RewardSource`` over HTTP."""
+    """Implements ``rl_core.api.RewardSource`` over HTTP."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg

@@ -281,35 +281,43 @@ def create_app(
         """Every request counted by path and status, and timed end to end (rejections included)."""
         start = time.perf_counter()
         path = request.url.path if request.url.path in _PATHS else "other"
-        response = await _guard(request, call_next)
+        response = await _guard(request, call_next, settings)
         metrics.http.labels(path, str(response.status_code)).inc()
         metrics.http_latency.labels(path).observe(time.perf_counter() - start)
         return response
 
-    async def _guard(request: Request, call_next: Any) -> Response:
-        header_bytes = sum(len(k) + len(v) + 4 for k, v in request.scope["headers"])
-        if header_bytes > settings.max_header_bytes:
-            return _error(
-                431, f"request headers of {header_bytes} bytes exceed the limit of {settings.max_header_bytes}"
-            )
-        if settings.token and request.url.path not in ("/health",):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
-        if request.method == "POST":
-            media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if media != "application/json":
-                return _error(415, "the body must be JSON (Content-Type: application/json)")
-            length = request.headers.get("content-length", "")
-            if length.isdigit() and int(length) > settings.max_body_bytes:
-                return _error(413, f"body of {length} bytes exceeds the limit of {settings.max_body_bytes}")
-            try:  # read here, under a deadline: a half-sent body must not hold a connection open
-                body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.body_timeout_s)
-            except TimeoutError:
-                return _error(408, f"the body did not arrive within {settings.body_timeout_s:g} s")
-            if body is None:
-                return _error(413, f"the body exceeds the limit of {settings.max_body_bytes} bytes")
-        return await call_next(request)
+    _add_error_handlers(app)
+    _add_routes(app, batchers, settings, metrics, shapes or {})
+    return app
+
+
+async def _guard(request: Request, call_next: Any, settings: ServerSettings) -> Response:
+    """Headers' size, the bearer token, and a POST body's type, size and arrival time, checked before a route runs."""
+    header_bytes = sum(len(k) + len(v) + 4 for k, v in request.scope["headers"])
+    if header_bytes > settings.max_header_bytes:
+        return _error(431, f"request headers of {header_bytes} bytes exceed the limit of {settings.max_header_bytes}")
+    if settings.token and request.url.path not in ("/health",):
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+    if request.method == "POST":
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            return _error(415, "the body must be JSON (Content-Type: application/json)")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > settings.max_body_bytes:
+            return _error(413, f"body of {length} bytes exceeds the limit of {settings.max_body_bytes}")
+        try:  # read here, under a deadline: a half-sent body must not hold a connection open
+            body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.body_timeout_s)
+        except TimeoutError:
+            return _error(408, f"the body did not arrive within {settings.body_timeout_s:g} s")
+        if body is None:
+            return _error(413, f"the body exceeds the limit of {settings.max_body_bytes} bytes")
+    return await call_next(request)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answered as JSON ``{"error": ...}`` with a status that says what was wrong."""
 
     @app.exception_handler(RecursionError)
     async def _too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:
@@ -332,6 +340,14 @@ def create_app(
             problems.append(f"{where}: {err.get('msg')}")
         return _error(422, "; ".join(problems))
 
+
+def _add_routes(
+    app: FastAPI,
+    batchers: Mapping[str, Batcher],
+    settings: ServerSettings,
+    metrics: _Metrics,
+    shapes: Mapping[str, tuple[int, int]],
+) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -343,7 +359,7 @@ def create_app(
     @app.get("/v1/scorers")
     async def list_scorers() -> dict[str, Any]:
         """The hosted scorers, and how each splits a request (inference_micro_batch_size, replicas), if it does."""
-        return {"scorers": sorted(batchers), "micro_batching": {k: list(v) for k, v in (shapes or {}).items()}}
+        return {"scorers": sorted(batchers), "micro_batching": {k: list(v) for k, v in shapes.items()}}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -351,31 +367,35 @@ def create_app(
 
     @app.post("/v1/score", response_model=ScoreResponse)
     async def score(req: ScoreRequest) -> Any:
-        batcher = batchers.get(req.scorer)
-        if batcher is None:
-            return _error(404, f"unknown scorer {req.scorer!r}; hosted: {', '.join(sorted(batchers))}")
-        if len(req.prompts) > settings.max_batch_size:
-            return _error(413, f"{len(req.prompts)} samples exceed the maximum batch size of {settings.max_batch_size}")
-        start = time.perf_counter()
-        metadata = req.metadata or [{} for _ in req.prompts]
-        try:
-            rewards = await batcher.submit(req.prompts, req.responses, metadata)
-        except Busy as exc:
-            metrics.requests.labels(req.scorer, "busy").inc()
-            return JSONResponse(status_code=503, content={"error": str(exc)}, headers={"Retry-After": "1"})
-        except (InputError, ScoringTimeout) as exc:
-            metrics.requests.labels(req.scorer, "rejected").inc()
-            return _error(422, f"scorer {req.scorer!r} could not score this request: {exc}")
-        except Exception as exc:
-            log.exception("scorer %s failed", req.scorer)
-            metrics.requests.labels(req.scorer, "error").inc()
-            return _error(500, f"scorer {req.scorer!r} failed: {exc}")
-        metrics.requests.labels(req.scorer, "ok").inc()
-        metrics.samples.labels(req.scorer).inc(len(rewards))
-        metrics.latency.labels(req.scorer).observe(time.perf_counter() - start)
-        return {"rewards": rewards}
+        return await _score(req, batchers, settings, metrics)
 
-    return app
+
+async def _score(
+    req: ScoreRequest, batchers: Mapping[str, Batcher], settings: ServerSettings, metrics: _Metrics
+) -> Any:
+    batcher = batchers.get(req.scorer)
+    if batcher is None:
+        return _error(404, f"unknown scorer {req.scorer!r}; hosted: {', '.join(sorted(batchers))}")
+    if len(req.prompts) > settings.max_batch_size:
+        return _error(413, f"{len(req.prompts)} samples exceed the maximum batch size of {settings.max_batch_size}")
+    start = time.perf_counter()
+    metadata = req.metadata or [{} for _ in req.prompts]
+    try:
+        rewards = await batcher.submit(req.prompts, req.responses, metadata)
+    except Busy as exc:
+        metrics.requests.labels(req.scorer, "busy").inc()
+        return JSONResponse(status_code=503, content={"error": str(exc)}, headers={"Retry-After": "1"})
+    except (InputError, ScoringTimeout) as exc:
+        metrics.requests.labels(req.scorer, "rejected").inc()
+        return _error(422, f"scorer {req.scorer!r} could not score this request: {exc}")
+    except Exception as exc:
+        log.exception("scorer %s failed", req.scorer)
+        metrics.requests.labels(req.scorer, "error").inc()
+        return _error(500, f"scorer {req.scorer!r} failed: {exc}")
+    metrics.requests.labels(req.scorer, "ok").inc()
+    metrics.samples.labels(req.scorer).inc(len(rewards))
+    metrics.latency.labels(req.scorer).observe(time.perf_counter() - start)
+    return {"rewards": rewards}
 
 
 def _version() -> str:

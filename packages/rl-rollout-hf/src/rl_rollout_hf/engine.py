@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rl_core.api import Config, GroupEngine, WorkerGroup, detected_device, engine_layout
+from rl_core.api import Config, GroupEngine, detected_device, start_replicas
 from rl_rollout_hf.config import HfGenerateConfig
 
 
@@ -13,22 +11,8 @@ def make_engine(config: Config, section: HfGenerateConfig) -> GroupEngine:
     from rl_rollout_hf.worker import HfWorker
 
     device = detected_device(config)
-    group = WorkerGroup(
-        HfWorker,
-        engine_layout(config, device, 1),
-        lambda rank: dict(
-            model_path=config.policy.model_name,
-            cfg=section,
-            replicas=config.policy.generation.num_replicas,
-            dtype=config.policy.precision,
-            device=device,
-            trust_remote_code=config.policy.trust_remote_code,
-        ),
-        name="rollout",
-        placement=config.cluster.placement,
-        required_paths=[config.policy.model_name],
-        log_dir=Path(config.run_dir).resolve() / "logs",
-    )
+    trust = config.policy.trust_remote_code
+    group = start_replicas(HfWorker, config, lambda rank: dict(cfg=section, device=device, trust_remote_code=trust))
     return GroupEngine(
         group, max_model_len=config.policy.max_total_sequence_length, len_key="policy.max_total_sequence_length"
     )

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rl_core.api import Config, GroupEngine, WorkerGroup, detected_device, engine_layout
+from rl_core.api import Config, GroupEngine, detected_device, start_replicas
 from rl_rollout_vllm.config import VllmConfig
 from rl_rollout_vllm.worker import AsyncVllmWorker, VllmWorker, engine_environment
 
@@ -18,22 +16,12 @@ def uses_async_engine(config: Config, section: VllmConfig) -> bool:
 def make_engine(config: Config, section: VllmConfig) -> GroupEngine:
     max_model_len = section.max_model_len or config.policy.max_total_sequence_length
     async_engine = uses_async_engine(config, section)
-    group = WorkerGroup(
+    group = start_replicas(
         AsyncVllmWorker if async_engine else VllmWorker,
-        engine_layout(config, detected_device(config), section.tensor_parallel_size),
-        lambda rank: dict(
-            model_path=config.policy.model_name,
-            cfg=section,
-            replicas=config.policy.generation.num_replicas,
-            dtype=config.policy.precision,
-            max_model_len=max_model_len,
-            seed=config.seed + rank,
-        ),
-        name="rollout",
-        placement=config.cluster.placement,
+        config,
+        lambda rank: dict(cfg=section, max_model_len=max_model_len, seed=config.seed + rank),
+        processes_per_replica=section.tensor_parallel_size,
         env_vars=engine_environment(section),
-        required_paths=[config.policy.model_name],
-        log_dir=Path(config.run_dir).resolve() / "logs",
     )
     return GroupEngine(
         group,

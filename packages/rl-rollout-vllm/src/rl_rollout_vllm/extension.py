@@ -21,7 +21,7 @@ class RefitExtension:
     rank: int
 
     def rl_refit(self, payload: RefitPayload | bytes, rank_offset: int) -> tuple[Any, ...]:
-        """Reload the weights behind ``payload`` in place; returns ``rl_core.refit.received_stats``.
+        """Reload the weights behind ``payload`` in place; returns ``rl_core.api.received_stats``.
 
         ``payload`` is a refit payload (engine in the actor's own process) or one pickled to bytes (engine core in
         another process, reached over vLLM's msgpack RPC); on the broadcast route this process is receiver

@@ -2,19 +2,19 @@
 
 Each row becomes two token rows (chosen, then rejected) that stay together through every split. The reference
 policy's sequence logprobs are computed once per batch by the backend (skipped when ``reference_free``); the loss
-is ``rl_core.losses.DPOLoss``. Validation reports the same loss and the preference accuracy.
+is ``rl_core.training.losses.DPOLoss``. Validation reports the same loss and the preference accuracy.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from rl_core.batch import PreferenceBatch
-from rl_core.context import RunContext
-from rl_core.data import Example
-from rl_core.loops import prefixed, run_loop
-from rl_core.losses import DPOLoss
-from rl_core.supervised import encode_pairs, validation_loss
+from rl_core.contracts.batch import PreferenceBatch
+from rl_core.data.prompts import Example
+from rl_core.training.context import RunContext
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import DPOLoss
+from rl_core.training.supervised import encode_pairs, validation_loss
 
 _pos = attrs.validators.gt(0)
 

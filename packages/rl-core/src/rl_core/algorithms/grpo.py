@@ -2,14 +2,14 @@
 
 One step: draw ``num_prompts_per_step`` prompts; sample ``num_generations_per_prompt`` responses each; score
 them; advantages from the group baseline (mean, or leave-one-out) divided by the group's std; the clipped
-policy-gradient loss (``rl_core.losses.ClippedPGLoss``) with an optional KL penalty to the reference policy;
+policy-gradient loss (``rl_core.training.losses.ClippedPGLoss``) with an optional KL penalty to the reference policy;
 then the new weights are refit into the rollout engine.
 
 Departures from the textbook, stated up front:
 - The "previous" logprobs are recomputed by the trainer only when they can differ from the current ones (more
   than one optimizer step per batch); with a single optimizer step they are the current logprobs, detached, for
   the PPO ratio and the importance weights alike, and the forward pass is saved. The engine-vs-trainer logprob
-  check then comes from the training forward too (``rl_core.health``).
+  check then comes from the training forward too (``rl_core.training.health``).
 - DAPO dynamic sampling drops prompt groups whose rewards are all equal and draws more prompts, at most
   ``dynamic_sampling_max_gen_batches`` draws per step; if the batch is still short, the step trains on what it has.
 - DAPO overlong filtering masks truncated responses out of the loss; overlong reward shaping adds a linear
@@ -17,7 +17,7 @@ Departures from the textbook, stated up front:
 
 Asynchronous GRPO (``async_mode``): ``one_step`` generates the batch of step ``t + 1`` with the policy of step
 ``t`` while step ``t`` trains; ``bounded`` lets generation run up to ``max_staleness`` steps ahead. The schedule is
-fixed (``rl_core.producer``): the batch of step ``b`` always comes from the policy after step ``max(0, b - 1 -
+fixed (``rl_core.training.producer``): the batch of step ``b`` always comes from the policy after step ``max(0, b - 1 -
 k)``, so runs are reproducible and resume exactly. Off-policy batches are trained with truncated importance
 sampling against the generating policy's logprobs (``off_policy_correction``), ``async/staleness`` is logged per
 step (every sample of a step has the same), and the engine-vs-trainer logprob check runs on a small probe right
@@ -33,15 +33,16 @@ from typing import Any, Literal
 
 import attrs
 
-from rl_core import advantages as adv
-from rl_core.context import Phases, RunContext
-from rl_core.data import EpochSampler
-from rl_core.errors import ConfigError
-from rl_core.health import engine_drift, judge_mismatch, logprob_mismatch, mismatch_due
-from rl_core.loops import prefixed, run_loop
-from rl_core.losses import ClippedPGLoss
-from rl_core.producer import RolloutProducer, from_plain, generating_version
-from rl_core.rollouts import (
+from rl_core.base.errors import ConfigError
+from rl_core.base.schema import Config, LossConfig, RolloutLoopConfig
+from rl_core.data.prompts import EpochSampler
+from rl_core.training import advantages as adv
+from rl_core.training.context import Phases, RunContext
+from rl_core.training.health import engine_drift, judge_mismatch, logprob_mismatch, mismatch_due
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import ClippedPGLoss
+from rl_core.training.producer import RolloutProducer, from_plain, generating_version
+from rl_core.training.rollouts import (
     ScoredRollouts,
     generate_and_score,
     refit,
@@ -50,7 +51,6 @@ from rl_core.rollouts import (
     sampling,
     validate_rollouts,
 )
-from rl_core.schema import Config, LossConfig, RolloutLoopConfig
 
 _pos = attrs.validators.gt(0)
 
@@ -211,7 +211,7 @@ def train_on(
 
 
 class AsyncGRPO:
-    """The off-policy modes' steps (``rl_core.loops.Stepper``): rollouts come from a ``RolloutProducer`` running
+    """The off-policy modes' steps (``rl_core.training.loops.Stepper``): rollouts come from a ``RolloutProducer`` running
     ``cfg.ahead`` steps ahead; after each optimizer step the engine is refit once the batches that need older
     weights exist."""
 
@@ -278,7 +278,6 @@ class AsyncGRPO:
 def probe_mismatch(ctx: RunContext, scored: ScoredRollouts) -> dict[str, float]:
     """Right after a refit, engine and trainer hold the same weights: greedy rollouts of a few of this step's
     prompts, their engine logprobs against the trainer's."""
-    from rl_core.rollouts import generate_and_score
 
     examples = scored.examples[:4]
     probe = generate_and_score(ctx, examples, sampling(ctx, 1, seed=ctx.config.seed, greedy=True), Phases())

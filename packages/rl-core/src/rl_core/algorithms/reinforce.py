@@ -6,7 +6,7 @@ sources' total minus ``initial_policy_kl_penalty * sum_t (log pi(x_t) - log pi_i
 reward minus the mean reward of the *other* samples of the same prompt (no std normalisation); the loss is plain
 REINFORCE ``-A * log pi`` (no ratio, no clipping), averaged over tokens.
 
-The section shares GRPO's vocabulary (``rl_core.schema.RolloutLoopConfig``); the tutorial's names are accepted as
+The section shares GRPO's vocabulary (``rl_core.base.schema.RolloutLoopConfig``); the tutorial's names are accepted as
 aliases. Key names mapped from the tutorial: ``model.reinforce.num_rollout_samples`` -> ``reinforce.
 num_rollout_samples`` (alias of ``num_generations_per_prompt``), ``trainer.reinforce.max_steps`` -> ``reinforce.
 max_steps`` (alias of ``max_num_steps``), ``trainer.reinforce.val_check_interval`` -> ``reinforce.
@@ -24,13 +24,14 @@ import time
 
 import attrs
 
-from rl_core import advantages as adv
-from rl_core.context import Phases, RunContext
-from rl_core.data import EpochSampler
-from rl_core.health import engine_drift, logprob_mismatch
-from rl_core.loops import prefixed, run_loop
-from rl_core.losses import ClippedPGLoss
-from rl_core.rollouts import (
+from rl_core.base.schema import Config, LossConfig, RolloutLoopConfig
+from rl_core.data.prompts import EpochSampler
+from rl_core.training import advantages as adv
+from rl_core.training.context import Phases, RunContext
+from rl_core.training.health import engine_drift, logprob_mismatch
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import ClippedPGLoss
+from rl_core.training.rollouts import (
     generate_and_score,
     refit,
     rollout_batch,
@@ -38,7 +39,6 @@ from rl_core.rollouts import (
     sampling,
     validate_rollouts,
 )
-from rl_core.schema import Config, LossConfig, RolloutLoopConfig
 
 
 @attrs.frozen(kw_only=True)

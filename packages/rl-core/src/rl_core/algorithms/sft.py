@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import attrs
 
-from rl_core.context import RunContext
-from rl_core.loops import prefixed, run_loop
-from rl_core.losses import NLLLoss
-from rl_core.supervised import encode_sft, validation_loss
+from rl_core.training.context import RunContext
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import NLLLoss
+from rl_core.training.supervised import encode_sft, validation_loss
 
 _pos = attrs.validators.gt(0)
 

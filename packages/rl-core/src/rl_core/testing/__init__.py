@@ -5,6 +5,6 @@ in an environment where rl-core is installed. See ``rl_core.testing.conformance`
 ``TrainingBackend``, ``RolloutEngine`` or ``RewardSource`` must pass.
 """
 
-from rl_core.tiny_models import TINY_MODELS, ensure_tiny_model
+from rl_core.data.tiny_models import TINY_MODELS, ensure_tiny_model
 
 __all__ = ["TINY_MODELS", "ensure_tiny_model"]

@@ -11,6 +11,12 @@ from typing import Any
 
 import pytest
 
+from rl_core.base.schema import ClusterConfig
+from rl_core.config.loader import load_config
+from rl_core.data.tiny_models import ensure_tiny_model
+from rl_core.distributed.cluster import init_ray
+from rl_core.plugins.registry import Registry
+
 MARKERS = {
     "slow": "takes more than a few seconds",
     "ray": "starts Ray actors",
@@ -44,7 +50,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     """A ~1M-parameter random-init Qwen2 causal LM with its tokenizer (built once, cached)."""
-    from rl_core.tiny_models import ensure_tiny_model
 
     return ensure_tiny_model("qwen2-tiny")
 
@@ -52,7 +57,6 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_path() -> Path:
     """A ~1M-parameter random-init Llama causal LM with its tokenizer (built once, cached)."""
-    from rl_core.tiny_models import ensure_tiny_model
 
     return ensure_tiny_model("llama-tiny")
 
@@ -61,9 +65,6 @@ def tiny_llama_path() -> Path:
 def ray_session() -> Iterator[None]:
     """One local Ray for the whole test session (starting Ray costs seconds and ~700 MB)."""
     import ray
-
-    from rl_core.cluster import init_ray
-    from rl_core.schema import ClusterConfig
 
     started = not ray.is_initialized()
     init_ray(ClusterConfig(), verbose=False)
@@ -75,7 +76,6 @@ def ray_session() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def rl_registry() -> Any:
     """The registry with every installed plugin (entry points) loaded."""
-    from rl_core.registry import Registry
 
     return Registry.discover()
 
@@ -84,7 +84,6 @@ def rl_registry() -> Any:
 def make_config(rl_registry: Any, tmp_path: Path) -> Callable[..., Any]:
     """``make_config("grpo.max_num_steps=2", recipe=None)``: a validated config from a recipe (default: the
     built-in default) with overrides, its run folder under ``tmp_path``."""
-    from rl_core.config import load_config
 
     def build(*overrides: str, recipe: str | Path | None = None) -> Any:
         return load_config(Path(recipe) if recipe else None, [f"run_dir={tmp_path / 'run'}", *overrides], rl_registry)

@@ -1,0 +1,266 @@
+"""Certifying a training backend: logprobs against a plain Hugging Face forward, the reference policy, refit
+weights, a step that learns, bit-exact checkpoints with a decaying schedule, the export, loss and gradients the same
+however one batch is split, and gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from rl_core.base.schema import LossConfig
+from rl_core.certify.card import DECAYING_SCHEDULE, INVARIANCE_BOUND, SGD_OVERRIDES, Card, Outcome, fmt
+from rl_core.certify.conformance import hf_logprobs, sample_batch
+from rl_core.contracts import batch as B
+from rl_core.contracts.protocols import TrainingBackend
+from rl_core.contracts.refit import RefitRoute, receive_weights
+from rl_core.training.losses import ClippedPGLoss, NLLLoss
+
+if TYPE_CHECKING:
+    import torch
+
+    from rl_core.contracts.batch import PolicyGradientBatch, TokenBatch
+    from rl_core.contracts.protocols import LossFunction, TrainingBackend
+
+Weights = dict[str, "torch.Tensor"]
+
+
+@attrs.define
+class BackendCase:
+    """The backend under test (built with a decaying schedule) and what its checks share."""
+
+    backend: TrainingBackend
+    model_path: Path
+    work: Path
+    batch: PolicyGradientBatch
+    nll: TokenBatch
+    loss_fn: LossFunction[Any]
+    before: torch.Tensor
+    initial: Weights
+
+    def weights(self) -> Weights:
+        return weights_of(self.backend)
+
+
+@attrs.define
+class Gradients:
+    """SGD steps at learning rate 1 on fresh backends: the update is the gradient. The unsplit one is kept."""
+
+    make: Callable[[Sequence[str]], TrainingBackend]
+    sgd: Sequence[str]
+    batch: PolicyGradientBatch
+    loss_fn: LossFunction[Any]
+    _plain: tuple[Weights, float] | None = None
+
+    def step(self, overrides: Sequence[str]) -> tuple[Weights, float]:
+        backend = self.make([*self.sgd, *overrides])
+        try:
+            start = weights_of(backend)
+            loss = backend.train(self.batch, self.loss_fn)["loss"]
+            return {k: start[k] - v for k, v in weights_of(backend).items()}, loss
+        finally:
+            backend.shutdown()
+
+    @property
+    def plain(self) -> tuple[Weights, float]:
+        if self._plain is None:
+            self._plain = self.step([])
+        return self._plain
+
+
+def certify_backend(
+    make: Callable[[Sequence[str]], TrainingBackend],
+    model_path: Path,
+    tokenizer: Any,
+    work: Path,
+    *,
+    variants: Mapping[str, Sequence[str]] | None = None,
+    sgd: Sequence[str] = SGD_OVERRIDES,
+    quick: bool = False,
+    card: Card | None = None,
+) -> Card:
+    """Certify a training backend. ``make(overrides)`` builds one over ``model_path`` (fp32) with config
+    overrides; ``variants`` maps a name to the overrides that split the same global batch another way (default:
+    one row per micro-batch; unless ``quick``, two data-parallel ranks). ``sgd``: the overrides that make a step
+    plain SGD with learning rate 1 and no clipping, so that a step's update is its gradient
+    (``TrainingBackendSpec.sgd_overrides``)."""
+
+    card = card or Card("training backend", "?")
+    if variants is None:
+        variants = {"one row per micro-batch": ["policy.train_micro_batch_size=1"]}
+        if not quick:
+            variants = {**variants, "two data-parallel ranks": ["policy.num_workers=2"]}
+    batch, loss_fn, nll = _pg_batch(tokenizer), ClippedPGLoss(cfg=LossConfig()), sample_batch(tokenizer)
+    # a decaying schedule: resumed steps equal uninterrupted ones only if the scheduler's state came back too
+    backend = make(list(DECAYING_SCHEDULE))
+    try:
+        before = backend.logprobs(nll)
+        case = BackendCase(
+            backend=backend,
+            model_path=model_path,
+            work=work,
+            batch=batch,
+            nll=nll,
+            loss_fn=loss_fn,
+            before=before,
+            initial=weights_of(backend),
+        )
+        work.mkdir(parents=True, exist_ok=True)
+        _single_backend_checks(case, card)
+    finally:
+        backend.shutdown()
+    grads = Gradients(make=make, sgd=sgd, batch=batch, loss_fn=loss_fn)
+    bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
+    for name, overrides in variants.items():
+        card.run(f"loss and gradients are the same with {name}", bound, partial(check_invariance, grads, overrides))
+    card.run("gradient clipping follows policy.max_grad_norm", "<= 1e-05 (relative)", partial(check_clipping, grads))
+    return card
+
+
+def _single_backend_checks(case: BackendCase, card: Card) -> None:
+    card.run("implements the protocol", "TrainingBackend", partial(check_protocol, case))
+    card.run("logprobs vs a plain HF forward", "<= 1e-05", partial(check_parity, case))
+    card.run("logprobs are 0 on padding and at position 0", "exactly 0", partial(check_padding, case))
+    card.run("reference logprobs equal the policy's before training", "<= 1e-05", partial(check_reference, case))
+    card.run("weights_for_refit equals the model's parameters", "exactly equal", partial(check_refit_weights, case))
+    case.backend.save_checkpoint(case.work / "step0")
+    card.run(
+        "a step changes the weights and reports a finite loss", "moved > 0, loss finite", partial(check_step, case)
+    )
+    card.run("an NLL step raises the response's likelihood", "increases", partial(check_likelihood, case))
+    card.run("the reference policy does not train", "<= 1e-05", partial(check_reference, case))
+    card.run(
+        "checkpoint load is bit-exact; resumed steps equal uninterrupted ones", "exactly 0", partial(check_resume, case)
+    )
+    card.run(
+        "export_hf round-trips (weights and logprobs)", "weights 0, logprobs <= 1e-05", partial(check_export, case)
+    )
+
+
+def check_protocol(case: BackendCase) -> Outcome:
+
+    return isinstance(case.backend, TrainingBackend), "yes"
+
+
+def check_parity(case: BackendCase) -> Outcome:
+
+    g = float((case.before - hf_logprobs(case.model_path, case.nll)).abs().max())
+    return g <= 1e-5, fmt(g)
+
+
+def check_padding(case: BackendCase) -> Outcome:
+    before = case.before
+    zero = bool((before[case.nll["attention_mask"] == 0] == 0).all()) and bool((before[:, 0] == 0).all())
+    return zero, "0 on padding and position 0" if zero else "non-zero"
+
+
+def check_reference(case: BackendCase) -> Outcome:
+    """The reference policy's logprobs are the initial policy's (before training, and after it)."""
+    g = float((case.backend.reference_logprobs(case.nll) - case.before).abs().max())
+    return g <= 1e-5, fmt(g)
+
+
+def check_refit_weights(case: BackendCase) -> Outcome:
+    saved = safetensors_in(case.model_path)
+    d = max_diff(common(case.initial, saved), saved)
+    return d == 0.0, fmt(d)
+
+
+def check_step(case: BackendCase) -> Outcome:
+    metrics = case.backend.train(case.batch, case.loss_fn)
+    moved, loss = max_diff(case.weights(), case.initial), metrics.get("loss", math.nan)
+    return moved > 0 and math.isfinite(loss), f"moved {fmt(moved)}, loss {loss:.4g}"
+
+
+def check_likelihood(case: BackendCase) -> Outcome:
+
+    nll, backend = case.nll, case.backend
+    mask = nll["loss_mask"].bool()
+    lp0 = float(backend.logprobs(nll)[mask].sum())
+    backend.train(nll, NLLLoss())
+    lp1 = float(backend.logprobs(nll)[mask].sum())
+    return lp1 > lp0, f"{lp0:.3f} -> {lp1:.3f}"
+
+
+def check_resume(case: BackendCase) -> Outcome:
+    """Two steps after the save: the optimizer's state brings back the learning rate of the first, only the
+    scheduler's own state that of the second."""
+    backend, work = case.backend, case.work
+    backend.load_checkpoint(work / "step0")
+    restored = case.weights()
+    backend.train(case.batch, case.loss_fn)
+    backend.save_checkpoint(work / "step1")
+    for _ in range(2):
+        backend.train(case.batch, case.loss_fn)
+    straight = case.weights()
+    backend.load_checkpoint(work / "step1")
+    for _ in range(2):
+        backend.train(case.batch, case.loss_fn)
+    d0, d1 = max_diff(restored, case.initial), max_diff(case.weights(), straight)
+    return d0 == 0.0 and d1 == 0.0, f"load {fmt(d0)}, resumed step {fmt(d1)}"
+
+
+def check_export(case: BackendCase) -> Outcome:
+
+    case.backend.export_hf(case.work / "hf")
+    exported = safetensors_in(case.work / "hf")
+    d = max_diff(common(case.weights(), exported), exported)
+    g = float((hf_logprobs(case.work / "hf", case.nll) - case.backend.logprobs(case.nll)).abs().max())
+    return d == 0.0 and g <= 1e-5, f"weights {fmt(d)}, logprobs {fmt(g)}"
+
+
+def check_invariance(grads: Gradients, overrides: Sequence[str]) -> Outcome:
+    (plain, loss), (other, other_loss) = grads.plain, grads.step(overrides)
+    scale = max(float(g.abs().max()) for g in plain.values())
+    d = max_diff(other, plain) / scale
+    dl = abs(other_loss - loss) / max(abs(loss), 1e-12)
+    return d <= INVARIANCE_BOUND and dl <= INVARIANCE_BOUND, f"gradient {fmt(d)}, loss {fmt(dl)}"
+
+
+def check_clipping(grads: Gradients) -> Outcome:
+    """With policy.max_grad_norm at half the gradient's global norm, the SGD update is the gradient scaled to that
+    norm."""
+    plain = grads.plain[0]
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in plain.values()))
+    clipped, _loss = grads.step([f"policy.max_grad_norm={norm / 2}"])
+    d = max_diff(clipped, {k: g * 0.5 for k, g in plain.items()}) / max(float(g.abs().max()) for g in plain.values())
+    return d <= 1e-5, f"update vs gradient x 0.5: {fmt(d)}"
+
+
+def _pg_batch(tokenizer: Any) -> PolicyGradientBatch:
+    import torch
+
+    batch = B.concat([sample_batch(tokenizer, response=r) for r in (" 7 and 8", " 12", " nine", " 1 2 3 4 5")])
+    batch = B.select(batch, slice(0, 8))
+    g = torch.Generator().manual_seed(0)
+    advantages = torch.randn(8, 1, generator=g) * batch["loss_mask"]
+    return {**batch, "advantages": advantages}
+
+
+def weights_of(backend: TrainingBackend) -> Weights:
+
+    return {k: v.clone() for k, v in receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))}
+
+
+def max_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    if a.keys() != b.keys():
+        return math.inf
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a) if a else math.inf
+
+
+def common(weights: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]) -> Weights:
+    """``weights`` restricted to the names of ``like`` (a checkpoint file may leave out tied copies)."""
+    return {k: v for k, v in weights.items() if k in like}
+
+
+def safetensors_in(folder: Path) -> Weights:
+    from safetensors.torch import load_file
+
+    out: Weights = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out

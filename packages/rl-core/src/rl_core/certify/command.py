@@ -1,0 +1,172 @@
+"""What ``rl-core certify NAME`` runs: the component built from the registry (a backend or engine over a tiny model,
+in fp32, on this machine's device; a reward source or environment with ``--option key=value``), then certified."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import yaml
+
+from rl_core.base.errors import InputError, PluginError
+from rl_core.certify.backend import certify_backend
+from rl_core.certify.card import Card
+from rl_core.certify.engine import certify_engine
+from rl_core.certify.reward import certify_environment, certify_reward_source
+from rl_core.config.loader import load_config, structure_section
+from rl_core.data.prompts import TASKS, load_jsonl
+from rl_core.data.tiny_models import ensure_tiny_model
+from rl_core.distributed.cluster import init_ray
+from rl_core.plugins.specs import (
+    ComponentSpec,
+    EnvironmentSpec,
+    RewardSourceSpec,
+    RolloutEngineSpec,
+    TrainingBackendSpec,
+)
+
+if TYPE_CHECKING:
+    from rl_core.base.schema import Config
+    from rl_core.contracts.protocols import TrainingBackend
+    from rl_core.plugins.registry import Registry
+
+#: ``--kind`` -> the kind of record
+KIND_FLAGS: dict[str, type[ComponentSpec]] = {
+    "backend": TrainingBackendSpec,
+    "engine": RolloutEngineSpec,
+    "reward": RewardSourceSpec,
+    "environment": EnvironmentSpec,
+}
+
+
+def certify(
+    name: str,
+    registry: Registry,
+    *,
+    kind: str | None = None,
+    quick: bool = False,
+    options: Sequence[str] = (),
+    data: Path | None = None,
+    work: Path,
+) -> Card:
+    """Build the component ``name`` from the registry and certify it. Ctrl-C returns the card so far."""
+    kinds = [k for flag, k in KIND_FLAGS.items() if name in registry.specs(k) and kind in (None, flag)]
+    if not kinds:
+        raise PluginError(registry.why_missing(TrainingBackendSpec, name).replace("training backend", "component"))
+    if len(kinds) > 1:
+        raise PluginError(f"{name!r} is a {' and a '.join(k.words for k in kinds)}: say which with --kind")
+    which = kinds[0]
+    card = Card(which.words, name)
+    try:
+        if which is RewardSourceSpec:
+            spec = registry.get(RewardSourceSpec, name)
+            source = spec.factory(_options(spec.config_class, f"reward source {name}", options))
+            return certify_reward_source(source, card=card)
+        if which is EnvironmentSpec:
+            return _certify_environment(registry.get(EnvironmentSpec, name), options, data, card)
+        return _certify_ray_component(registry.get(which, name), registry, quick=quick, work=work, card=card)
+    except KeyboardInterrupt:
+        card.interrupted()
+        return card
+
+
+def _certify_environment(spec: EnvironmentSpec, options: Sequence[str], data: Path | None, card: Card) -> Card:
+    """On the first rows of ``data`` (JSONL), else of the built-in task of the same name, and a few plain turns."""
+
+    env = spec.factory(_options(spec.config_class, spec.name, options))
+    if data is not None:
+        rows = load_jsonl(data)[:8]
+    elif spec.name in TASKS:
+        rows = TASKS[spec.name](8, 0)
+    else:
+        raise InputError(f"give rows for environment {spec.name!r} to start episodes from: --data ROWS.jsonl")
+    actions = ["<calc>12+30</calc>", "<answer>42</answer>", "50", "7", "", "hello", "<calc>1*2-3</calc>", "99"]
+    return certify_environment(env, rows, actions, card=card)
+
+
+def _options(config_class: type | None, name: str, options: Sequence[str]) -> Any:
+
+    given = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(f"--option {item!r}: give key=value")
+        given[key] = yaml.safe_load(value)
+    return structure_section(config_class, given, name) if config_class else None
+
+
+@attrs.frozen(kw_only=True)
+class _TinyRun:
+    """Configs for a component over the tiny model: its section enabled, fp32, a small batch, under ``work``."""
+
+    spec: ComponentSpec
+    registry: Registry
+    model: Path
+    work: Path
+
+    def config(self, overrides: Sequence[str], run: str) -> Config:
+
+        selector = "policy.backend" if isinstance(self.spec, TrainingBackendSpec) else "policy.generation.backend"
+        enable = [f"{self.spec.config_key}.enabled=true"] if self.spec.config_key else []
+        fixed = [
+            f"run_dir={self.work / run}",
+            "warmup_recipe=null",
+            f"policy.model_name={self.model}",
+            f"{selector}={self.spec.name}",
+            *enable,
+            "policy.precision=float32",
+            "policy.train_global_batch_size=8",
+            "policy.train_micro_batch_size=4",
+            "policy.logprob_batch_size=8",
+            "policy.max_total_sequence_length=128",
+            "policy.optimizer.lr=1e-3",
+        ]
+        return load_config(None, [*fixed, *overrides], self.registry)
+
+    def section(self, config: Config) -> Any:
+        return config.sections.get(self.spec.config_key or "")
+
+
+def _certify_ray_component(spec: Any, registry: Registry, *, quick: bool, work: Path, card: Card) -> Card:
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the reference forwards' "Loading weights" bars, above the report card
+    model = ensure_tiny_model("qwen2-tiny")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tiny = _TinyRun(spec=spec, registry=registry, model=model, work=work)
+    init_ray(tiny.config([], "probe").cluster, verbose=False)
+    if isinstance(spec, RolloutEngineSpec):
+        cfg = tiny.config([], "engine")
+        engine = spec.factory(cfg, tiny.section(cfg))
+        try:
+            return certify_engine(engine, model, tokenizer, quick=quick, card=card)
+        finally:
+            engine.shutdown()
+    make = _backend_maker(tiny, spec)
+    variants = None
+    section = tiny.section(tiny.config([], "probe"))
+    if not quick and section is not None and hasattr(section, "sequence_packing"):
+        variants = {
+            "one row per micro-batch": ["policy.train_micro_batch_size=1"],
+            "two data-parallel ranks": ["policy.num_workers=2"],
+            "sequence packing": [f"{spec.config_key}.sequence_packing=true"],
+        }
+    sgd = spec.sgd_overrides
+    return certify_backend(
+        make, model, tokenizer, work / "checkpoints", variants=variants, sgd=sgd, quick=quick, card=card
+    )
+
+
+def _backend_maker(tiny: _TinyRun, spec: TrainingBackendSpec) -> Callable[[Sequence[str]], TrainingBackend]:
+    """Builds a fresh backend per call, each in its own run folder."""
+    runs = iter(range(100))
+
+    def make(overrides: Sequence[str]) -> TrainingBackend:
+        cfg = tiny.config(overrides, f"backend-{next(runs)}")
+        backend: TrainingBackend = spec.factory(cfg, tiny.section(cfg))
+        return backend
+
+    return make

@@ -1,0 +1,138 @@
+"""The core's own plugin (entry point ``core``, loaded like any other): the four algorithm loops, the rule-based
+reward sources, the optional metrics loggers and the plain ``rl_step``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rl_core.algorithms import dpo, grpo, reinforce, sft
+from rl_core.base.schema import Config
+from rl_core.contracts.protocols import MetricsLogger, RewardSource
+from rl_core.outputs.metrics import MlflowLogger, TensorBoardLogger, WandbLogger
+from rl_core.plugins.hookspecs import hookimpl
+from rl_core.plugins.specs import AlgorithmSpec, EnvironmentSpec, LoggerSpec, RewardSourceSpec
+from rl_core.rewards import environments as env
+from rl_core.rewards import sources as rewards
+from rl_core.rewards.sources import ExactMatchConfig, NumberMatchConfig, RegexConfig
+
+
+@hookimpl
+def rl_algorithms() -> list[AlgorithmSpec]:
+
+    return [
+        AlgorithmSpec(
+            name="grpo",
+            run=grpo.run,
+            check=grpo.check,
+            config_key="grpo",
+            config_class=grpo.GRPOConfig,
+            description="GRPO with DAPO options",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="reinforce",
+            run=reinforce.run,
+            check=reinforce.check,
+            config_key="reinforce",
+            config_class=reinforce.ReinforceConfig,
+            description="REINFORCE, RLOO baseline, KL to the initial policy in the reward",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="sft",
+            run=sft.run,
+            config_key="sft",
+            config_class=sft.SFTConfig,
+            uses_rollout=False,
+            description="supervised fine-tuning",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="dpo",
+            run=dpo.run,
+            config_key="dpo",
+            config_class=dpo.DPOConfig,
+            uses_rollout=False,
+            description="direct preference optimisation",
+            package="rl-core",
+        ),
+    ]
+
+
+def _reward(name: str, cls_path: str, cfg_cls: type, description: str) -> RewardSourceSpec:
+    def factory(options: Any) -> RewardSource:
+
+        return getattr(rewards, cls_path)(cfg=options if options is not None else cfg_cls())
+
+    return RewardSourceSpec(
+        name=name, factory=factory, config_class=cfg_cls, description=description, package="rl-core"
+    )
+
+
+@hookimpl
+def rl_reward_sources() -> list[RewardSourceSpec]:
+
+    return [
+        _reward("exact_match", "ExactMatch", ExactMatchConfig, "1 if the response equals metadata[answer_key]"),
+        _reward("number_match", "NumberMatch", NumberMatchConfig, "1 if the first number equals the answer"),
+        _reward("regex", "RegexFormat", RegexConfig, "1 if the response matches a pattern"),
+    ]
+
+
+@hookimpl
+def rl_environments() -> list[EnvironmentSpec]:
+
+    return [
+        EnvironmentSpec(
+            name="calculator",
+            factory=lambda options: env.Calculator(cfg=options or env.CalculatorConfig()),
+            config_class=env.CalculatorConfig,
+            stop_strings=("</calc>", "</answer>"),
+            description="two-digit sums with a calculator tool: <calc>a+b</calc>, then <answer>n</answer>",
+            package="rl-core",
+        ),
+        EnvironmentSpec(
+            name="guess_number",
+            factory=lambda options: env.GuessNumber(cfg=options or env.GuessNumberConfig()),
+            config_class=env.GuessNumberConfig,
+            description="guess a secret number with higher/lower replies",
+            package="rl-core",
+        ),
+    ]
+
+
+def _tensorboard(config: Config, run_dir: Path) -> MetricsLogger:
+
+    return TensorBoardLogger(run_dir)
+
+
+def _wandb(config: Config, run_dir: Path) -> MetricsLogger:
+
+    return WandbLogger(config, run_dir)
+
+
+def _mlflow(config: Config, run_dir: Path) -> MetricsLogger:
+
+    return MlflowLogger(config, run_dir)
+
+
+@hookimpl
+def rl_loggers() -> list[LoggerSpec]:
+    return [
+        LoggerSpec(
+            name=name,
+            factory=factory,
+            enabled_by=f"logger.{name}_enabled",
+            package=f"rl-core[{name}]",
+            requires=(name,),
+        )
+        for name, factory in (("tensorboard", _tensorboard), ("wandb", _wandb), ("mlflow", _mlflow))
+    ]
+
+
+@hookimpl
+def rl_step(step: int, algorithm: str, run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    del step, algorithm
+    return run()

@@ -1,0 +1,175 @@
+"""Typed records that plugins return from the registration hooks (see ``rl_core.plugins.hookspecs``).
+
+Each record names a component, says which config section enables it (``config_key``, a dotted path such as
+``policy.dtensor_cfg``) and which attrs class validates that section (``config_class``), and carries a
+``factory`` that builds the component. Factories import their heavy dependencies (torch, vllm, megatron) lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+if TYPE_CHECKING:
+    import argparse
+
+    from rl_core.base.schema import Config
+    from rl_core.contracts.protocols import Environment, MetricsLogger, RewardSource, RolloutEngine, TrainingBackend
+    from rl_core.training.context import RunContext
+
+
+def _non_empty(_inst: object, attr: attrs.Attribute, value: str) -> None:
+    if not value:
+        raise ValueError(f"{attr.name} must not be empty")
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """What every registered component has in common. Each kind below sets the class variables: ``kind`` (its name
+    in the registry), ``hook`` (the registration hook that returns it), ``words`` (how messages call it) and
+    ``owns_section`` (whether ``config_key`` names a config section that ``config_class`` validates)."""
+
+    kind: ClassVar[str]
+    hook: ClassVar[str]
+    words: ClassVar[str]
+    owns_section: ClassVar[bool] = False
+
+    name: str = attrs.field(validator=_non_empty)
+    priority: int = 0
+    config_key: str | None = None
+    config_class: type | None = None
+    description: str = ""
+    #: pip requirement that provides this component, used in error messages.
+    package: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class TrainingBackendSpec(ComponentSpec):
+    """A training backend. ``factory(config, section) -> TrainingBackend``.
+
+    ``section`` is the validated instance of ``config_class`` found at ``config_key``.
+    """
+
+    kind = "training_backend"
+    hook = "rl_training_backends"
+    words = "training backend"
+    owns_section = True
+
+    factory: Callable[[Config, Any], TrainingBackend]
+    #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
+    #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
+    #: default fits backends that use the core's ``policy.optimizer``.
+    sgd_overrides: tuple[str, ...] = (
+        "policy.optimizer.name=sgd",
+        "policy.optimizer.lr=1.0",
+        "policy.max_grad_norm=null",
+    )
+
+
+@attrs.frozen(kw_only=True)
+class RolloutEngineSpec(ComponentSpec):
+    """A rollout (generation) engine. ``factory(config, section) -> RolloutEngine``."""
+
+    kind = "rollout_engine"
+    hook = "rl_rollout_engines"
+    words = "rollout engine"
+    owns_section = True
+
+    factory: Callable[[Config, Any], RolloutEngine]
+
+
+@attrs.frozen(kw_only=True)
+class RewardSourceSpec(ComponentSpec):
+    """A reward source. ``factory(options) -> RewardSource``, ``options`` an instance of ``config_class`` (None
+    when the source takes no options).
+
+    Reward sources are listed by name under ``reward.sources``; ``config_class`` validates the keys of one
+    entry (besides ``name`` and ``weight``).
+    """
+
+    kind = "reward_source"
+    hook = "rl_reward_sources"
+    words = "reward source"
+
+    factory: Callable[[Any], RewardSource]
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentSpec(ComponentSpec):
+    """A multi-turn environment. ``factory(options) -> Environment``, ``options`` an instance of
+    ``config_class`` (the ``environment`` section's keys besides the core's), or None. ``stop_strings`` end a
+    model turn (the environment acts on the turn's text)."""
+
+    kind = "environment"
+    hook = "rl_environments"
+    words = "environment"
+
+    factory: Callable[[Any], Environment]
+    stop_strings: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AlgorithmSpec(ComponentSpec):
+    """An algorithm loop. ``run(context) -> dict`` runs it (``context`` a ``rl_core.training.context.RunContext``)
+    and returns the final metrics.
+
+    ``config_key`` is the algorithm's own section (``grpo``, ``sft``, ...). ``uses_rollout`` says whether the
+    loop needs a rollout engine and reward sources. ``check(config, device)`` (``"cpu"`` or ``"cuda"``), if given,
+    raises ``ConfigError`` for a config the loop cannot run on that device; it runs when components are selected,
+    before any worker starts.
+    """
+
+    kind = "algorithm"
+    hook = "rl_algorithms"
+    words = "algorithm"
+    owns_section = True
+
+    run: Callable[[RunContext], dict[str, float]]
+    uses_rollout: bool = True
+    check: Callable[[Config, str], None] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class LoggerSpec(ComponentSpec):
+    """A metrics logger. ``factory(config, run_dir) -> MetricsLogger``. ``enabled_by``: the dotted boolean config
+    key that turns it on (the core's loggers: ``logger.<name>_enabled``); None: always on. ``requires``: the modules
+    it imports, checked (naming ``package``) before any worker starts."""
+
+    kind = "logger"
+    hook = "rl_loggers"
+    words = "logger"
+
+    factory: Callable[[Config, Path], MetricsLogger]
+    enabled_by: str | None = None
+    requires: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class CliCommandSpec:
+    """A subcommand of ``rl-core``. ``configure(parser)`` adds arguments; ``run(args) -> int`` runs it."""
+
+    kind: ClassVar[str] = "cli_command"
+    hook: ClassVar[str] = "rl_cli_commands"
+    words: ClassVar[str] = "CLI command"
+    owns_section: ClassVar[bool] = False
+
+    name: str = attrs.field(validator=_non_empty)
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+#: Every kind of record, declared once: the registry, the config loader and the docs derive from this tuple.
+SPEC_CLASSES: tuple[type[ComponentSpec] | type[CliCommandSpec], ...] = (
+    TrainingBackendSpec,
+    RolloutEngineSpec,
+    RewardSourceSpec,
+    EnvironmentSpec,
+    AlgorithmSpec,
+    LoggerSpec,
+    CliCommandSpec,
+)
+KINDS: dict[str, type[ComponentSpec] | type[CliCommandSpec]] = {cls.kind: cls for cls in SPEC_CLASSES}

@@ -1,0 +1,101 @@
+"""The step driver every algorithm shares: load the data, resume from the run folder's latest checkpoint, then for
+each step run it, validate, log and checkpoint."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from rl_core.base.errors import InputError
+from rl_core.data.prompts import EpochSampler, Example, load_split
+from rl_core.training.context import RunContext
+from rl_core.training.rollouts import refit
+
+
+class Stepper(Protocol):
+    """Runs the steps of a loop that keeps state of its own across steps (rollouts generated ahead, say)."""
+
+    def step(self, step: int) -> dict[str, float]: ...
+
+    def state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint after ``step`` keeps (``data_position`` at least)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@attrs.frozen
+class _StepFn:
+    """A stateless loop: ``step_fn(sampler, step)``; a checkpoint keeps the sampler's position."""
+
+    step_fn: Callable[[EpochSampler, int], dict[str, float]]
+    sampler: EpochSampler
+
+    def step(self, step: int) -> dict[str, float]:
+        return self.step_fn(self.sampler, step)
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {"data_position": self.sampler.position}
+
+    def close(self) -> None:
+        return None
+
+
+def run_loop(
+    ctx: RunContext,
+    *,
+    rows_per_step: int,
+    total_steps: int,
+    validate: Callable[[list[Example]], dict[str, float]],
+    val_period: int,
+    val_at_start: bool,
+    max_val_samples: int,
+    step_fn: Callable[[EpochSampler, int], dict[str, float]] | None = None,
+    stepper: Callable[[EpochSampler, int, Mapping[str, Any] | None], Stepper] | None = None,
+) -> dict[str, float]:
+    """Steps ``start+1 .. total_steps`` (``start``: the resumed checkpoint's step, else 0): ``step_fn(sampler,
+    step)`` (or the steps of ``stepper(sampler, start, resumed_state)``), validation every ``val_period`` (on at
+    most ``max_val_samples`` held-out rows), logging, a checkpoint every ``checkpointing.save_period``. After a
+    resume, a rollout engine first gets the resumed weights. Returns the last step's metrics."""
+    train = load_split(ctx.config.data, "train")
+    val = load_split(ctx.config.data, "val")[:max_val_samples]
+    state = ctx.resume()
+    if state is not None and ctx.engine is not None:
+        refit(ctx)
+    start = int(state["step"]) if state else 0
+    if start > total_steps:
+        raise InputError(
+            f"{ctx.run_dir} holds a run checkpointed at step {start}, past the {total_steps} steps this config asks "
+            f"for: its checkpoints (and final model) are step {start}'s. To train {total_steps} steps, use another "
+            "run_dir"
+        )
+    sampler = EpochSampler(train, rows_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
+    if stepper is not None:
+        steps = stepper(sampler, start, state)
+    else:
+        assert step_fn is not None, "give step_fn or stepper"
+        steps = _StepFn(step_fn, sampler)
+    # a run resumed at its last step runs no step: its final metrics are the checkpoint's
+    metrics: dict[str, float] = dict((state or {}).get("metrics", {}))
+    try:
+        with ctx.console.steps(f"{ctx.config.algorithm} steps", total_steps, start):
+            if start == 0 and val_at_start and val:
+                ctx.log(0, validate(val), total_steps)
+            for step in range(start + 1, total_steps + 1):
+                metrics = ctx.step(step, functools.partial(steps.step, step))
+                if val and ctx.due(step, val_period, total_steps):
+                    metrics = {**metrics, **validate(val)}
+                ctx.log(step, metrics, total_steps)
+                if ctx.due(step, ctx.config.checkpointing.save_period, total_steps):
+                    ctx.save(step, steps.state(step), metrics)
+    finally:
+        steps.close()
+    return metrics
+
+
+def prefixed(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``{"loss": 1.0}`` -> ``{"train/loss": 1.0}``."""
+    return {f"{prefix}/{k}": float(v) for k, v in metrics.items()}

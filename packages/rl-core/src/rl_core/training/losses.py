@@ -1,0 +1,228 @@
+"""Loss functions: pure, with their formula, shape comments and an explicit global normaliser.
+
+Each loss is a frozen attrs object (its settings) whose ``__call__(batch, logprobs, normalizer)`` returns
+``(loss, metrics)``. The loss is a *sum* over the rows given divided by ``normalizer``, which the caller computes
+with ``count`` over the whole optimizer-step batch (all data-parallel ranks and micro-batches together). Summing
+the losses and metrics of all micro-batches therefore gives the global value however the batch was split.
+Metrics are returned as tensors with the same normalisation, to be summed the same way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from rl_core.base.errors import InputError
+from rl_core.base.schema import LossConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from rl_core.contracts.batch import PolicyGradientBatch, PreferenceBatch, TokenBatch
+
+
+def kl_estimate(
+    logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    kind: str,
+    input_clamp: float | None = None,
+    output_clamp: float | None = None,
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
+
+    With ``r = log pi_ref(x) - log pi(x)`` (clamped to ``[-input_clamp, input_clamp]``):
+    ``k1 = -r``, ``k2 = r^2 / 2``, ``k3 = exp(r) - r - 1``; the result is clamped to
+    ``[-output_clamp, output_clamp]``. Shapes: ``[B, T] -> [B, T]``.
+    """
+    import torch
+
+    r = reference_logprobs - logprobs  # [B, T]
+    if input_clamp is not None:
+        r = r.clamp(-input_clamp, input_clamp)
+    if kind == "k1":
+        kl = -r
+    elif kind == "k2":
+        kl = 0.5 * r.square()
+    elif kind == "k3":
+        kl = torch.exp(r) - r - 1.0
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; use k1, k2 or k3")
+    if output_clamp is not None:
+        kl = kl.clamp(-output_clamp, output_clamp)
+    return kl
+
+
+def check_devices(batch: Mapping[str, Any], logprobs: torch.Tensor) -> None:
+    """Every tensor of ``batch`` on the device of ``logprobs``, or an error naming the key: a backend must move the
+    batch it trains on to its device before the loss reads it."""
+    for key, value in batch.items():
+        if value.device != logprobs.device:
+            raise InputError(
+                f"batch[{key!r}] is on {value.device} but the logprobs are on {logprobs.device}: the training "
+                "backend must move every batch tensor to its device before calling the loss (rl_core.contracts.batch.to_device)"
+            )
+
+
+def _loss_mask(batch: Mapping[str, Any]) -> torch.Tensor:
+    mask = batch["loss_mask"].float()  # [B, T]
+    if "sample_mask" in batch:
+        mask = mask * batch["sample_mask"].float().unsqueeze(1)
+    return mask
+
+
+@attrs.frozen(kw_only=True)
+class ClippedPGLoss:
+    """The clipped policy-gradient loss of PPO/GRPO, with DAPO's asymmetric clip, dual clip, importance-sampling
+    correction and a KL penalty to the reference policy.
+
+    Per token, with ratio ``rho = exp(logp - logp_prev)``, advantage ``A``, ``eps_lo = ratio_clip_min``,
+    ``eps_hi = ratio_clip_max``::
+
+        pg  = max(-A * rho, -A * clip(rho, 1 - eps_lo, 1 + eps_hi))
+        pg  = min(pg, -A * c)                  where A < 0, if ratio_clip_c = c is set (dual clip)
+        pg  = -A * logp                        if disable_ppo_ratio (plain REINFORCE)
+        w   = min(exp(logp_prev - logp_gen), tis)   if use_importance_sampling_correction (else 1), no gradient
+        kl  = k(logp, logp_ref)                see ``kl_estimate``
+        kl *= exp(logp - logp_prev)            if use_on_policy_kl_approximation (no gradient through the weight)
+        l   = w * (pg + beta * kl)
+        d   = logp - logp_gen                  reported (no gradient), where the engine's logprobs are in the batch:
+                                               mean |d| and the k3 estimate exp(d) - d - 1 of KL(engine || trainer)
+
+    Token level: ``loss = sum_{b,t} m_bt l_bt / N_tokens``. Sequence level: ``loss = sum_b (sum_t m_bt l_bt /
+    sum_t m_bt) / N_sequences``. ``N`` is the global count (``count``).
+    """
+
+    cfg: LossConfig = attrs.Factory(LossConfig)
+    group_size: int = 1
+
+    def count(self, batch: PolicyGradientBatch) -> float:
+        mask = _loss_mask(batch)
+        if self.cfg.token_level_loss:
+            return float(mask.sum())
+        return float((mask.sum(1) > 0).sum())
+
+    def __call__(
+        self, batch: PolicyGradientBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        import torch
+
+        check_devices(batch, logprobs)
+        cfg = self.cfg
+        mask = _loss_mask(batch)  # [B, T]
+        adv = batch["advantages"].float()  # [B, T]
+        prev = batch.get("prev_logprobs", logprobs.detach())  # [B, T]
+        metrics: dict[str, torch.Tensor] = {}
+        if cfg.disable_ppo_ratio:
+            pg = -adv * logprobs  # [B, T]
+            ratio = torch.ones_like(logprobs)
+        else:
+            ratio = torch.exp(logprobs - prev)  # [B, T]
+            clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            pg = torch.maximum(-adv * ratio, -adv * clipped)
+            metrics["clip_fraction"] = self._reduce(((-adv * clipped) > (-adv * ratio)).float(), mask, normalizer)
+            if cfg.ratio_clip_c is not None:
+                dual = torch.minimum(pg, -adv * cfg.ratio_clip_c)
+                pg = torch.where(adv < 0, dual, pg)
+        weight = torch.ones_like(logprobs)
+        if cfg.use_importance_sampling_correction:
+            weight = torch.exp(prev - batch["generation_logprobs"]).detach()  # [B, T]
+            if cfg.truncated_importance_sampling_ratio is not None:
+                weight = weight.clamp(max=cfg.truncated_importance_sampling_ratio)
+        per_token = pg
+        if cfg.reference_policy_kl_penalty > 0:
+            kl = kl_estimate(
+                logprobs,
+                batch["reference_logprobs"],
+                cfg.reference_policy_kl_type,
+                cfg.kl_input_clamp_value,
+                cfg.kl_output_clamp_value,
+            )
+            if cfg.use_on_policy_kl_approximation:
+                kl = torch.exp(logprobs - prev).detach() * kl
+            per_token = per_token + cfg.reference_policy_kl_penalty * kl
+            metrics["kl"] = self._reduce(kl.detach() * weight, mask, normalizer)
+        per_token = weight * per_token  # [B, T]
+        loss = self._reduce(per_token, mask, normalizer)
+        if "generation_logprobs" in batch:  # the engine's logprobs against these, at no extra cost
+            drift = torch.where(mask > 0, logprobs.detach() - batch["generation_logprobs"], 0.0)  # [B, T]
+            metrics["engine_logprob_abs_diff"] = self._reduce(drift.abs(), mask, normalizer)
+            metrics["engine_logprob_kl"] = self._reduce(torch.exp(drift) - drift - 1, mask, normalizer)
+        metrics["pg_loss"] = self._reduce((weight * pg).detach(), mask, normalizer)
+        metrics["ratio"] = self._reduce(ratio.detach(), mask, normalizer)
+        metrics["loss"] = loss.detach()
+        return loss, metrics
+
+    def _reduce(self, values: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+        if self.cfg.token_level_loss:
+            return (values * mask).sum() / normalizer
+        per_seq = (values * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [B]
+        return per_seq.sum() / normalizer
+
+
+@attrs.frozen(kw_only=True)
+class NLLLoss:
+    """Negative log-likelihood of the masked tokens (SFT): ``loss = -sum_{b,t} m_bt logp_bt / N_tokens``."""
+
+    group_size: int = 1
+
+    def count(self, batch: TokenBatch) -> float:
+        return float(_loss_mask(batch).sum())
+
+    def __call__(
+        self, batch: TokenBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        check_devices(batch, logprobs)
+        mask = _loss_mask(batch)  # [B, T]
+        loss = -(logprobs * mask).sum() / normalizer
+        return loss, {"loss": loss.detach()}
+
+
+@attrs.frozen(kw_only=True)
+class DPOLoss:
+    """Direct preference optimisation over interleaved pairs (row 2i chosen, row 2i+1 rejected).
+
+    With sequence log-probabilities ``s = sum_t m_t logp_t`` (divided by ``sum_t m_t`` if ``average_log_probs``),
+    and the same ``s_ref`` under the reference policy (0 if ``reference_free``)::
+
+        z     = beta * ((s_c - s_ref_c) - (s_r - s_ref_r))
+        l     = -log sigmoid(z) + sft_loss_weight * (-sum_t m_t logp_t / sum_t m_t)   (chosen row)
+        loss  = sum_pairs l / N_pairs
+    """
+
+    beta: float = 0.1
+    reference_free: bool = False
+    sft_loss_weight: float = 0.0
+    average_log_probs: bool = False
+    group_size: int = 2
+
+    def count(self, batch: PreferenceBatch) -> float:
+        return batch["input_ids"].shape[0] / 2
+
+    def __call__(
+        self, batch: PreferenceBatch, logprobs: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        import torch
+
+        check_devices(batch, logprobs)
+        mask = _loss_mask(batch)  # [B, T]
+        lengths = mask.sum(1).clamp(min=1.0)  # [B]
+        seq = (logprobs * mask).sum(1)  # [B]
+        ref = torch.zeros_like(seq) if self.reference_free else (batch["reference_logprobs"] * mask).sum(1)
+        if self.average_log_probs:
+            seq, ref = seq / lengths, ref / lengths
+        chosen, rejected = seq[0::2] - ref[0::2], seq[1::2] - ref[1::2]  # [P]
+        z = self.beta * (chosen - rejected)  # [P]
+        per_pair = -torch.nn.functional.logsigmoid(z)
+        if self.sft_loss_weight:
+            nll_chosen = -(logprobs[0::2] * mask[0::2]).sum(1) / lengths[0::2]
+            per_pair = per_pair + self.sft_loss_weight * nll_chosen
+        loss = per_pair.sum() / normalizer
+        metrics = {
+            "loss": loss.detach(),
+            "accuracy": (z > 0).float().sum() / normalizer,
+            "margin": (z.detach() / self.beta).sum() / normalizer,
+        }
+        return loss, metrics

@@ -1,0 +1,68 @@
+"""Token batches for supervised loops (SFT, DPO) and their validation loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rl_core.base.errors import InputError
+from rl_core.contracts.batch import PreferenceBatch, TokenBatch, TokenBatchT, pad_rows
+from rl_core.contracts.protocols import LossFunction
+from rl_core.data.prompts import Example, chat_ids, render_prompt
+from rl_core.training.context import RunContext
+
+
+def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[list[int], list[int]]:
+    tok = ctx.tokenizer
+    if "messages" in ex and getattr(tok, "chat_template", None):
+        messages = list(ex["messages"])
+        prompt_ids = chat_ids(tok, messages[:-1], generation_prompt=True)
+        full = chat_ids(tok, messages, generation_prompt=False)
+        return prompt_ids, full[len(prompt_ids) :]
+    key = ctx.config.data.prompt_key
+    if key not in ex or response is None:
+        raise InputError(f"an example lacks {key!r} or its response: fields are {sorted(ex)}")
+    prompt_ids = render_prompt(tok, ctx.config.data, ex[key])[0]
+    response_ids = tok(str(response), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return prompt_ids, response_ids
+
+
+def _encode(ctx: RunContext, pieces: Sequence[tuple[list[int], list[int]]]) -> PreferenceBatch:
+    import torch
+
+    limit = ctx.config.policy.max_total_sequence_length
+    rows = []
+    for prompt, response in pieces:
+        if len(prompt) + len(response) > limit:
+            raise InputError(
+                f"an example has {len(prompt) + len(response)} tokens, more than policy.max_total_sequence_length "
+                f"({limit}); raise it or shorten the data"
+            )
+        rows.append(prompt + response)
+    ids, attn = pad_rows(rows, ctx.tokenizer.pad_token_id)
+    loss_mask = torch.zeros(ids.shape, dtype=torch.float32)
+    for i, (prompt, response) in enumerate(pieces):
+        loss_mask[i, len(prompt) : len(prompt) + len(response)] = 1.0
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
+
+
+def encode_sft(ctx: RunContext, examples: Sequence[Example], response_key: str) -> TokenBatch:
+    return _encode(ctx, [_prompt_response_ids(ctx, ex, ex.get(response_key)) for ex in examples])
+
+
+def encode_pairs(ctx: RunContext, examples: Sequence[Example]) -> PreferenceBatch:
+    """Chosen and rejected rows interleaved: rows 2i and 2i+1 are pair i."""
+    pieces = []
+    for ex in examples:
+        if "chosen" not in ex or "rejected" not in ex:
+            raise InputError(f"a preference example needs 'chosen' and 'rejected'; fields are {sorted(ex)}")
+        pieces.append(_prompt_response_ids(ctx, ex, ex["chosen"]))
+        pieces.append(_prompt_response_ids(ctx, ex, ex["rejected"]))
+    return _encode(ctx, pieces)
+
+
+def validation_loss(ctx: RunContext, batch: TokenBatchT, loss_fn: LossFunction[TokenBatchT]) -> dict[str, float]:
+    """The loss (and its metrics) over ``batch`` from the backend's logprobs, with no update."""
+    logprobs = ctx.backend.logprobs(batch)
+    _loss, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))
+    return {f"val/{k}": float(v) for k, v in metrics.items()}
