@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from rl_backend_dtensor.config import DTensorConfig
-from rl_core.api import Config, TrainingBackend, TrainingBackendSpec, hookimpl
-
-
-def _factory(config: Config, section: DTensorConfig) -> TrainingBackend:
-    from rl_backend_dtensor.backend import make_backend
-
-    return make_backend(config, section)
+from rl_core.api import TrainingBackendSpec, hookimpl, lazy
 
 
 @hookimpl
@@ -20,7 +14,7 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             priority=100,
             config_key="policy.dtensor_cfg",
             config_class=DTensorConfig,
-            factory=_factory,
+            factory=lazy("rl_backend_dtensor.backend:make_backend"),
             description="PyTorch FSDP2 (DTensor) over Hugging Face models",
             package="rl-backend-dtensor",
         )

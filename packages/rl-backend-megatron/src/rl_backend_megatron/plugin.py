@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rl_backend_megatron.config import MegatronConfig
-from rl_core.api import CliCommandSpec, Config, TrainingBackend, TrainingBackendSpec, hookimpl
-
-
-def _factory(config: Config, section: MegatronConfig) -> TrainingBackend:
-    from rl_backend_megatron.backend import make_backend
-
-    return make_backend(config, section)
+from rl_core.api import CliCommandSpec, TrainingBackendSpec, hookimpl, lazy
 
 
 def _configure_cli(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +37,7 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             priority=200,
             config_key="policy.megatron_cfg",
             config_class=MegatronConfig,
-            factory=_factory,
+            factory=lazy("rl_backend_megatron.backend:make_backend"),
             description="megatron-core (TP/PP/DP) with one-time HF -> Megatron conversion",
             package="rl-backend-megatron",
         )

@@ -87,6 +87,7 @@ from rl_core.plugins.specs import (
     RewardSourceSpec,
     RolloutEngineSpec,
     TrainingBackendSpec,
+    lazy,
 )
 from rl_core.rewards.sources import check_reward_inputs
 from rl_core.training import advantages
@@ -193,6 +194,7 @@ __all__ = [
     "rollout_metrics",
     "run_loop",
     "sampling",
+    "lazy",
     "start_ranks",
     "start_replicas",
     "structure_section",

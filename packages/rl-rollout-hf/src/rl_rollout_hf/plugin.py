@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from rl_core.api import Config, RolloutEngine, RolloutEngineSpec, hookimpl
+from rl_core.api import RolloutEngineSpec, hookimpl, lazy
 from rl_rollout_hf.config import HfGenerateConfig
-
-
-def _factory(config: Config, section: HfGenerateConfig) -> RolloutEngine:
-    from rl_rollout_hf.engine import make_engine
-
-    return make_engine(config, section)
 
 
 @hookimpl
@@ -20,7 +14,7 @@ def rl_rollout_engines() -> list[RolloutEngineSpec]:
             priority=50,
             config_key="policy.generation.hf_cfg",
             config_class=HfGenerateConfig,
-            factory=_factory,
+            factory=lazy("rl_rollout_hf.engine:make_engine"),
             description="Hugging Face generate (no vLLM needed), in-place weight refit",
             package="rl-rollout-hf",
         )

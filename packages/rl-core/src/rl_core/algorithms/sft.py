@@ -10,34 +10,21 @@ from __future__ import annotations
 import attrs
 
 from rl_core.training.context import RunContext
-from rl_core.training.loops import prefixed, run_loop
 from rl_core.training.losses import NLLLoss
-from rl_core.training.supervised import encode_sft, validation_loss
-
-_pos = attrs.validators.gt(0)
+from rl_core.training.supervised import SupervisedLoopConfig, encode_sft, run_supervised
 
 
 @attrs.frozen(kw_only=True)
-class SFTConfig:
-    max_num_steps: int = attrs.field(default=100, validator=_pos)
-    val_period: int = attrs.field(default=10, validator=_pos)
-    val_at_start: bool = True
-    max_val_samples: int = attrs.field(default=64, validator=_pos)
+class SFTConfig(SupervisedLoopConfig):
     response_key: str = "response"
 
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: SFTConfig = ctx.config.section("sft")
-    loss_fn = NLLLoss()
-    return run_loop(
+    return run_supervised(
         ctx,
+        cfg,
         rows_per_step=ctx.config.policy.train_global_batch_size,
-        total_steps=cfg.max_num_steps,
-        step_fn=lambda sampler, _step: prefixed(
-            "train", ctx.backend.train(encode_sft(ctx, sampler.next(), cfg.response_key), loss_fn)
-        ),
-        validate=lambda rows: validation_loss(ctx, encode_sft(ctx, rows, cfg.response_key), loss_fn),
-        val_period=cfg.val_period,
-        val_at_start=cfg.val_at_start,
-        max_val_samples=cfg.max_val_samples,
+        encode=lambda rows: encode_sft(ctx, rows, cfg.response_key),
+        loss_fn=NLLLoss(),
     )

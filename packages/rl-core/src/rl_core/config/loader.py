@@ -240,6 +240,10 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
     for key, cls in sorted(claimed.items()):
         sections[key] = structure_section(cls, _pop_path(raw, key), key)
     for key in unclaimed_sections(Config, raw):
+        parent, _, leaf = key.rpartition(".")
+        near = closest(leaf, [k.rpartition(".")[2] for k in claimed if k.rpartition(".")[0] == parent])
+        if near:  # a plugin's section misspelt, not one of a missing plugin
+            raise ConfigError(f"unknown config key '{key}'; did you mean '{parent + '.' if parent else ''}{near}'?")
         if _pop_path(raw, key).get("enabled"):
             raise ConfigError(
                 f"{key}.enabled is true, but no installed plugin provides the section {key}{registry.unavailable()}"

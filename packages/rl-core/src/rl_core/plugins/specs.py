@@ -7,6 +7,7 @@ Each record names a component, says which config section enables it (``config_ke
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -24,6 +25,20 @@ if TYPE_CHECKING:
 def _non_empty(_inst: object, attr: attrs.Attribute, value: str) -> None:
     if not value:
         raise ValueError(f"{attr.name} must not be empty")
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """``"package.module:function"`` as a factory that imports its module only when called, so that a plugin's
+    entry-point module stays light (no torch, vllm or megatron when the registry is built)."""
+    module, sep, name = target.partition(":")
+    if not (module and sep and name):
+        raise ValueError(f"lazy({target!r}): give 'package.module:function'")
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    factory.__qualname__ = f"lazy({target!r})"
+    return factory
 
 
 @attrs.frozen(kw_only=True)

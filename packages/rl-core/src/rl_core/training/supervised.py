@@ -1,15 +1,52 @@
-"""Token batches for supervised loops (SFT, DPO) and their validation loss."""
+"""What the supervised loops (SFT, DPO) share: their loop settings, token batches, the loop and the validation loss."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import attrs
 
 from rl_core.base.errors import InputError
 from rl_core.contracts.batch import PreferenceBatch, TokenBatch, TokenBatchT, pad_rows
 from rl_core.contracts.protocols import LossFunction
 from rl_core.data.prompts import Example, chat_ids, render_prompt
 from rl_core.training.context import RunContext
+from rl_core.training.loops import prefixed, run_loop
+
+_pos = attrs.validators.gt(0)
+
+
+@attrs.frozen(kw_only=True)
+class SupervisedLoopConfig:
+    """The loop settings SFT and DPO share (each algorithm's section adds its own)."""
+
+    max_num_steps: int = attrs.field(default=100, validator=_pos)
+    val_period: int = attrs.field(default=10, validator=_pos)
+    val_at_start: bool = True
+    max_val_samples: int = attrs.field(default=64, validator=_pos)
+
+
+def run_supervised(
+    ctx: RunContext,
+    cfg: SupervisedLoopConfig,
+    *,
+    rows_per_step: int,
+    encode: Callable[[list[Example]], TokenBatchT],
+    loss_fn: LossFunction[TokenBatchT],
+) -> dict[str, float]:
+    """One optimizer step per ``rows_per_step`` examples, ``encode``d and trained with ``loss_fn``; validation is
+    the same loss over the validation rows, from a forward pass only."""
+    return run_loop(
+        ctx,
+        rows_per_step=rows_per_step,
+        total_steps=cfg.max_num_steps,
+        step_fn=lambda sampler, _step: prefixed("train", ctx.backend.train(encode(sampler.next()), loss_fn)),
+        validate=lambda rows: validation_loss(ctx, encode(rows), loss_fn),
+        val_period=cfg.val_period,
+        val_at_start=cfg.val_at_start,
+        max_val_samples=cfg.max_val_samples,
+    )
 
 
 def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[list[int], list[int]]:
