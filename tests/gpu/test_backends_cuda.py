@@ -3,7 +3,7 @@ policy, checkpoint save/load, export), and Megatron against DTensor on the same 
 
 import pytest
 
-from rl_core.testing.conformance import check_training_backend, sample_batch
+from rl_core.certify.conformance import check_training_backend, sample_batch
 from rl_core.training.losses import NLLLoss
 
 pytestmark = [pytest.mark.ray]

@@ -10,10 +10,10 @@ from backend_mutants import MUTANTS
 from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
+from rl_core.certify.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
 from rl_core.contracts.refit import RefitRoute, receive_weights
-from rl_core.testing.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.training.losses import ClippedPGLoss, NLLLoss
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rl_core.base.errors import ConfigError, InputError
-from rl_core.testing.conformance import check_reward_source
+from rl_core.certify.conformance import check_reward_source
 from rl_reward_server.client import RemoteConfig, RemoteRewardSource, RewardServerError
 from rl_reward_server.scorers import MathVerifyScorer, RewardModelConfig, RewardModelScorer
 

@@ -6,12 +6,12 @@ import asyncio
 import pytest
 from engine_mutants import MUTANTS, NoopRefit, ScaledLogprobs
 
+from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
 from rl_core.contracts.protocols import SamplingParams
 from rl_core.contracts.refit import RefitRoute
 from rl_core.plugins.hookspecs import hookimpl
 from rl_core.plugins.specs import RolloutEngineSpec
-from rl_core.testing.conformance import check_rollout_engine
 from rl_core.training.losses import NLLLoss
 from rl_core.training.rollouts import rollout_batch
 

@@ -8,10 +8,10 @@ import pytest
 from engine_mutants import MUTANTS, AlwaysStop, CopiedSamples, NoopRefit, SeedIgnored, TemperedLogprobs
 
 from rl_core.base.errors import InputError, RLCoreError
+from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
 from rl_core.contracts.protocols import SamplingParams
 from rl_core.contracts.refit import RefitRoute
-from rl_core.testing.conformance import check_rollout_engine
 from rl_core.training.losses import NLLLoss
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]

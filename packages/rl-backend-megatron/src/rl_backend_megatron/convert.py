@@ -59,23 +59,52 @@ def source_key(hf_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def hf_to_megatron(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
-    """Full (unsharded) Megatron-named weights from a Hugging Face state dict."""
-    import torch
+#: tensors that only change their names: (Hugging Face, Megatron), for the model and for each layer; the query and
+#: key norms are Qwen3's only.
+_MODEL_NAMES = (
+    ("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+    ("model.norm.weight", "decoder.final_layernorm.weight"),
+)
+_UNTIED_HEAD = ("lm_head.weight", "output_layer.weight")  # tied: the model shares the embedding
+_LAYER_NAMES = (
+    ("input_layernorm.weight", "input_layernorm.weight"),
+    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),
+    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
+)
+_OPTIONAL_LAYER_NAMES = (
+    ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+    ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
+)
 
-    heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    per_group = heads // groups
-    out = {
-        "embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": state["model.norm.weight"],
-    }
-    if not cfg.tie_word_embeddings:  # tied: the model shares the embedding (a last pipeline stage copies it)
-        out["output_layer.weight"] = state["lm_head.weight"]
+
+def _renamed(cfg: Any) -> list[tuple[str, str, bool]]:
+    """Every renamed tensor: (Hugging Face name, Megatron name, whether the model may lack it)."""
+    pairs = [(h, m, False) for h, m in _MODEL_NAMES]
+    if not cfg.tie_word_embeddings:
+        pairs.append((*_UNTIED_HEAD, False))
     for i in range(cfg.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[mg + "input_layernorm.weight"] = state[hf + "input_layernorm.weight"]
-        out[mg + "pre_mlp_layernorm.weight"] = state[hf + "post_attention_layernorm.weight"]
+        pairs += [(hf + h, mg + m, False) for h, m in _LAYER_NAMES]
+        pairs += [(hf + h, mg + m, True) for h, m in _OPTIONAL_LAYER_NAMES]
+    return pairs
+
+
+def _qkv_shape(cfg: Any) -> tuple[int, int, int]:
+    """Query-key-value groups, query heads per group, head size."""
+    heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
+    return groups, heads // groups, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+
+def hf_to_megatron(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
+    """Full (unsharded) Megatron-named weights from a Hugging Face state dict: renamed tensors, and the fused
+    query-key-value (grouped by key-value head) and gate-up projections."""
+    import torch
+
+    groups, per_group, d = _qkv_shape(cfg)
+    out = {m: state[h] for h, m, optional in _renamed(cfg) if not optional or h in state}
+    for i in range(cfg.num_hidden_layers):
+        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
         for kind in ("weight", "bias"):
             q = state.get(f"{hf}self_attn.q_proj.{kind}")
             if q is None:
@@ -85,32 +114,17 @@ def hf_to_megatron(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
             qg = q.reshape(groups, per_group * d, *rest)
             kg, vg = k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)
             out[f"{mg}self_attention.linear_qkv.{kind}"] = torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest)
-        if f"{hf}self_attn.q_norm.weight" in state:  # Qwen3
-            out[mg + "self_attention.q_layernorm.weight"] = state[f"{hf}self_attn.q_norm.weight"]
-            out[mg + "self_attention.k_layernorm.weight"] = state[f"{hf}self_attn.k_norm.weight"]
-        out[mg + "self_attention.linear_proj.weight"] = state[hf + "self_attn.o_proj.weight"]
-        out[mg + "mlp.linear_fc1.weight"] = torch.cat(
-            [state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]]
-        )
-        out[mg + "mlp.linear_fc2.weight"] = state[hf + "mlp.down_proj.weight"]
+        gate_up = [state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]]
+        out[mg + "mlp.linear_fc1.weight"] = torch.cat(gate_up)
     return out
 
 
 def megatron_to_hf(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
     """The inverse of ``hf_to_megatron`` (full weights, Hugging Face names)."""
-    heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    per_group = heads // groups
-    out = {
-        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
-        "model.norm.weight": state["decoder.final_layernorm.weight"],
-    }
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = state["output_layer.weight"]
+    groups, per_group, d = _qkv_shape(cfg)
+    out = {h: state[m] for h, m, optional in _renamed(cfg) if not optional or m in state}
     for i in range(cfg.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[hf + "input_layernorm.weight"] = state[mg + "input_layernorm.weight"]
-        out[hf + "post_attention_layernorm.weight"] = state[mg + "pre_mlp_layernorm.weight"]
         for kind in ("weight", "bias"):
             qkv = state.get(f"{mg}self_attention.linear_qkv.{kind}")
             if qkv is None:
@@ -121,13 +135,8 @@ def megatron_to_hf(state: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
             out[f"{hf}self_attn.q_proj.{kind}"] = q.reshape(-1, *rest).contiguous()
             out[f"{hf}self_attn.k_proj.{kind}"] = k.reshape(-1, *rest).contiguous()
             out[f"{hf}self_attn.v_proj.{kind}"] = v.reshape(-1, *rest).contiguous()
-        if mg + "self_attention.q_layernorm.weight" in state:
-            out[f"{hf}self_attn.q_norm.weight"] = state[mg + "self_attention.q_layernorm.weight"]
-            out[f"{hf}self_attn.k_norm.weight"] = state[mg + "self_attention.k_layernorm.weight"]
-        out[hf + "self_attn.o_proj.weight"] = state[mg + "self_attention.linear_proj.weight"]
         gate, up = state[mg + "mlp.linear_fc1.weight"].chunk(2)
         out[hf + "mlp.gate_proj.weight"], out[hf + "mlp.up_proj.weight"] = gate.contiguous(), up.contiguous()
-        out[hf + "mlp.down_proj.weight"] = state[mg + "mlp.linear_fc2.weight"]
     return out
 
 

@@ -1,28 +1,12 @@
 """The certify checks under their earlier import path (``rl_core.testing.certify``), which plugin tests written
 against the previous release use; they live in ``rl_core.certify``."""
 
-from rl_core.certify import (
-    INVARIANCE_BOUND,
-    LOGPROB_BOUND,
-    Card,
-    CheckResult,
-    certify,
-    certify_backend,
-    certify_engine,
-    certify_environment,
-    certify_reward_source,
-    reward_samples,
-)
+from typing import Any
 
-__all__ = [
-    "INVARIANCE_BOUND",
-    "LOGPROB_BOUND",
-    "Card",
-    "CheckResult",
-    "certify",
-    "certify_backend",
-    "certify_engine",
-    "certify_environment",
-    "certify_reward_source",
-    "reward_samples",
-]
+from rl_core import certify as _certify
+
+__all__ = _certify.__all__
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(_certify, name)
