@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from rl_core.contracts.protocols import Rollout, SamplingParams
-from rl_core.contracts.refit import RefitPayload, RefitStats
+from rl_core.contracts.refit import BroadcastWeights, RefitPayload, RefitStats
 
 
 class Passthrough:
@@ -78,6 +78,16 @@ class TemperedLogprobs(Passthrough):
 class NoopRefit(Passthrough):
     def update_weights(self, payload):
         return RefitStats(num_bytes=1, num_tensors=1, seconds=0.0, route=payload.kind)
+
+
+class BroadcastNoop(Passthrough):
+    """Receives over every route but the broadcast, where it answers at once without joining the group: the sender
+    waits for a receiver that never comes. Not in ``MUTANTS``: ``--quick`` tries only the first route."""
+
+    def update_weights(self, payload):
+        if isinstance(payload, BroadcastWeights):
+            return RefitStats(num_bytes=1, num_tensors=1, seconds=0.0, route="broadcast")
+        return super().update_weights(payload)
 
 
 class AlwaysStop(Passthrough):

@@ -203,9 +203,14 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
             "one row per micro-batch": ["policy.train_micro_batch_size=1"],
             "two data-parallel ranks": ["policy.num_workers=2"],
             "sequence packing": ["policy.dtensor_cfg.sequence_packing=true"],
+            "four data-parallel ranks": ["policy.num_workers=4"],
         },
+        max_ranks=2,  # as a backend declaring it would: the four-rank split is skipped, and the card says why
     )
     assert card.passed, [r for r in card.results if not r.passed]
+    skipped = [r for r in card.results if r.skipped]
+    assert [r.check for r in skipped] == ["loss and gradients are the same with four data-parallel ranks"]
+    assert "needs 4 ranks; the backend declares max_ranks=2" in skipped[0].detail
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)

@@ -86,3 +86,32 @@ def test_certify_passes_the_real_source():
 def test_certify_fails_every_planted_reward_source_bug(mutant):
     card = certify_reward_source(mutant())
     assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
+
+
+class CtrlC(Passthrough):
+    """Ctrl-C arrives while the third check scores (the first two score twice: protocol check, whole batch, order)."""
+
+    calls = 0
+
+    def score(self, prompts, responses, metadata):
+        CtrlC.calls += 1
+        if CtrlC.calls == 3:
+            raise KeyboardInterrupt
+        return super().score(prompts, responses, metadata)
+
+
+def test_ctrl_c_returns_the_card_so_far_and_says_what_did_not_run():
+    from rl_core.api import RewardSourceSpec, hookimpl
+    from rl_core.certify import certify
+    from rl_core.plugins.registry import Registry
+
+    class Plugin:
+        @hookimpl
+        def rl_reward_sources(self):
+            return [RewardSourceSpec(name="ctrl_c", factory=lambda _options: CtrlC(), package="test")]
+
+    registry = Registry.discover(entry_points=False, extra=[("ctrl_c", Plugin())])
+    card = certify("ctrl_c", registry, work=None)
+    assert [r.check for r in card.results][:2] == ["implements the protocol", "one finite reward per response"]
+    assert card.results[-1].check == "interrupted" and not card.passed
+    assert card.results[-1].detail == "later checks did not run"

@@ -109,6 +109,16 @@ def test_certify_prints_a_report_card_and_exits_by_its_verdict():
     assert missing.returncode == 2 and "no component named 'nope'" in missing.stderr
 
 
+def test_certify_option_for_an_engine_is_a_setting_of_its_own_section():
+    """An engine's ``--option`` goes into its section, validated there: an unknown key is refused before anything
+    starts, naming the section's keys."""
+    out = rl_core("certify", "hf", "--option", "max_batch=4")
+    message = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "unknown config key 'policy.generation.hf_cfg.max_batch'" in message, out.stderr
+    bare = rl_core("certify", "hf", "--option", "max_batch")
+    assert bare.returncode == 2 and "--option 'max_batch': give key=value" in bare.stderr
+
+
 def test_a_reader_that_stops_early_is_not_an_error():
     """``rl-core plugins --json | head -3``: the closed pipe ends the command quietly, with status 0."""
     for _ in range(3):

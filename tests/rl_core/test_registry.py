@@ -167,3 +167,21 @@ def test_two_distributions_with_one_plugin_name_are_told_how_to_keep_one():
     reg = Registry.discover(entry_points=False, extra=[("twin", backend_plugin("a", 1, "p.a"))])
     with pytest.raises(PluginError, match=r"two plugins are named 'twin'.* Keep one: pip uninstall twin"):
         reg._add("twin", backend_plugin("b", 1, "p.b"), "twin", "1")
+
+
+def test_what_a_component_declares_it_does_not_support_is_refused_before_anything_starts(make_config):
+    """A backend's ``max_ranks`` and an engine's ``refit_routes`` bound the configs it is selected for."""
+    import attrs
+
+    from rl_core.plugins.selection import check_declared
+    from rl_core.plugins.specs import RolloutEngineSpec
+
+    one_rank = TrainingBackendSpec(name="solo", factory=object, max_ranks=1)
+    shm_only = RolloutEngineSpec(name="shm", factory=object, refit_routes=("host_shm",))
+    check_declared(make_config("policy.num_workers=1"), one_rank, shm_only)
+    with pytest.raises(ConfigError, match=r"policy.num_workers=2, but training backend 'solo' runs on at most 1 rank"):
+        check_declared(make_config("policy.num_workers=2"), one_rank, None)
+    broadcast = make_config("policy.generation.weight_transport=broadcast")
+    with pytest.raises(ConfigError, match=r"engine 'shm' receives weights only over host_shm"):
+        check_declared(broadcast, None, shm_only)
+    check_declared(broadcast, None, attrs.evolve(shm_only, refit_routes=("host_shm", "broadcast")))

@@ -2,9 +2,10 @@
 against the trainer's, stop strings and finish reasons, refit over every route the CPU offers."""
 
 import asyncio
+import time
 
 import pytest
-from engine_mutants import MUTANTS, NoopRefit, ScaledLogprobs
+from engine_mutants import MUTANTS, BroadcastNoop, NoopRefit, ScaledLogprobs
 
 from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
@@ -48,14 +49,34 @@ def test_conformance(engine, tokenizer):
 
 
 def test_certify_passes_the_hf_engine(engine, tiny_model_path, tokenizer):
-    card = certify_engine(engine, tiny_model_path, tokenizer)
+    routes = ("host_shm", "object_store", "broadcast", "cuda_ipc")
+    card = certify_engine(engine, tiny_model_path, tokenizer, routes=routes, declared=routes[:3])
     assert card.passed, [r for r in card.results if not r.passed]
+    refits = {r.check: r for r in card.results if r.check.startswith("refit over")}
+    assert [c for c, r in refits.items() if not r.skipped] == [
+        f"refit over {r} loads the new weights" for r in routes[:3]
+    ]
+    assert refits["refit over cuda_ipc loads the new weights"].skipped, "an undeclared route is skipped, not tried"
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
 def test_certify_fails_every_planted_bug(engine, tiny_model_path, tokenizer, mutant, restore_engine):
     card = certify_engine(mutant(restore_engine(engine), tokenizer), tiny_model_path, tokenizer, quick=True)
     assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
+
+
+def test_certify_fails_an_ignored_broadcast_within_its_bound_naming_the_route(
+    engine, tiny_model_path, tokenizer, restore_engine
+):
+    """An engine that answers a broadcast refit without joining the group leaves the sender waiting: the check fails
+    after the refit bound (here 10 s), naming the route, and the checks after it still run."""
+    start = time.monotonic()
+    mutant = BroadcastNoop(restore_engine(engine), tokenizer)
+    card = certify_engine(mutant, tiny_model_path, tokenizer, routes=("host_shm", "broadcast"), refit_timeout_s=10)
+    failed = {r.check: r.detail for r in card.results if not r.passed}
+    assert list(failed) == ["refit over broadcast loads the new weights"], failed
+    assert "did not finish within 10 s" in failed["refit over broadcast loads the new weights"]
+    assert time.monotonic() - start < 100
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0], ids=["t1", "t0.7", "greedy"])

@@ -80,6 +80,7 @@ def certify_backend(
     *,
     variants: Mapping[str, Sequence[str]] | None = None,
     sgd: Sequence[str] = SGD_OVERRIDES,
+    max_ranks: int | None = None,
     quick: bool = False,
     card: Card | None = None,
 ) -> Card:
@@ -87,7 +88,8 @@ def certify_backend(
     overrides; ``variants`` maps a name to the overrides that split the same global batch another way (default:
     one row per micro-batch; unless ``quick``, two data-parallel ranks). ``sgd``: the overrides that make a step
     plain SGD with learning rate 1 and no clipping, so that a step's update is its gradient
-    (``TrainingBackendSpec.sgd_overrides``)."""
+    (``TrainingBackendSpec.sgd_overrides``). A variant needing more ranks than ``max_ranks``
+    (``TrainingBackendSpec.max_ranks``) is skipped, and the card says why."""
 
     card = card or Card("training backend", "?")
     if variants is None:
@@ -116,7 +118,12 @@ def certify_backend(
     grads = Gradients(make=make, sgd=sgd, batch=batch, loss_fn=loss_fn)
     bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
     for name, overrides in variants.items():
-        card.run(f"loss and gradients are the same with {name}", bound, partial(check_invariance, grads, overrides))
+        check = f"loss and gradients are the same with {name}"
+        ranks = max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
+        if max_ranks is not None and ranks > max_ranks:
+            card.skip(check, f"needs {ranks} ranks; the backend declares max_ranks={max_ranks}")
+            continue
+        card.run(check, bound, partial(check_invariance, grads, overrides))
     card.run("gradient clipping follows policy.max_grad_norm", "<= 1e-05 (relative)", partial(check_clipping, grads))
     return card
 

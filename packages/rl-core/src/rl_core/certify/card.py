@@ -40,6 +40,8 @@ class CheckResult:
     measured: str
     bound: str
     detail: str = ""
+    #: not run, because the component declares it does not support what the check needs (``detail`` says what).
+    skipped: bool = False
 
 
 class Card:
@@ -52,10 +54,14 @@ class Card:
 
     @property
     def passed(self) -> bool:
-        return bool(self.results) and all(r.passed for r in self.results)
+        return bool(self.results) and all(r.passed or r.skipped for r in self.results)
 
     def failed(self) -> list[str]:
-        return [r.check for r in self.results if not r.passed]
+        return [r.check for r in self.results if not (r.passed or r.skipped)]
+
+    def skip(self, check: str, why: str) -> None:
+        """A check the component's declarations rule out: on the card as skipped, with the reason."""
+        self.results.append(CheckResult(check=check, passed=False, measured="-", bound="", detail=why, skipped=True))
 
     def run(self, check: str, bound: str, fn: Callable[[], Outcome]) -> bool:
         """Run ``fn() -> (passed, measured[, detail])``; an exception fails the check with its message."""
@@ -78,7 +84,10 @@ class Card:
 
     def render(self) -> Any:
 
-        verdict = "passed" if self.passed else f"FAILED {len(self.failed())} of {len(self.results)}"
+        ran = [r for r in self.results if not r.skipped]
+        verdict = "passed" if self.passed else f"FAILED {len(self.failed())} of {len(ran)}"
+        if len(ran) < len(self.results):
+            verdict += f" ({len(self.results) - len(ran)} skipped)"
         table = Table(
             title=f"rl-core certify: {self.kind} {self.name!r}",
             title_justify="left",
@@ -88,7 +97,13 @@ class Card:
         for column in ("check", "result", "measured", "bound", "detail"):
             table.add_column(column, overflow="fold")
         for r in self.results:
-            mark = "[green]pass[/green]" if r.passed else "[bold red]FAIL[/bold red]"
+            mark = (
+                "[yellow]skip[/yellow]"
+                if r.skipped
+                else "[green]pass[/green]"
+                if r.passed
+                else "[bold red]FAIL[/bold red]"
+            )
             table.add_row(r.check, mark, r.measured, r.bound, r.detail)
         return table
 

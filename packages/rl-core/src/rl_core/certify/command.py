@@ -66,7 +66,9 @@ def certify(
             return certify_reward_source(source, card=card)
         if which is EnvironmentSpec:
             return _certify_environment(registry.get(EnvironmentSpec, name), options, data, card)
-        return _certify_ray_component(registry.get(which, name), registry, quick=quick, work=work, card=card)
+        built = registry.get(which, name)
+        overrides = _section_overrides(built, options)
+        return _certify_ray_component(built, registry, overrides, quick=quick, work=work, card=card)
     except KeyboardInterrupt:
         card.interrupted()
         return card
@@ -97,6 +99,20 @@ def _options(config_class: type | None, name: str, options: Sequence[str]) -> An
     return structure_section(config_class, given, name) if config_class else None
 
 
+def _section_overrides(spec: ComponentSpec, options: Sequence[str]) -> list[str]:
+    """``--option key=value`` for a backend or engine: a setting of its own config section (validated there, so an
+    unknown key is an error naming the section's keys)."""
+    if options and not spec.config_key:
+        raise InputError(f"{spec.words} {spec.name!r} has no config section: it takes no --option")
+    out = []
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not (sep and key):
+            raise InputError(f"--option {item!r}: give key=value")
+        out.append(f"{spec.config_key}.{key}={value}")
+    return out
+
+
 @attrs.frozen(kw_only=True)
 class _TinyRun:
     """Configs for a component over the tiny model: its section enabled, fp32, a small batch, under ``work``."""
@@ -105,6 +121,8 @@ class _TinyRun:
     registry: Registry
     model: Path
     work: Path
+    #: the component's own section settings (``--option``), applied to every config
+    options: Sequence[str] = ()
 
     def config(self, overrides: Sequence[str], run: str) -> Config:
 
@@ -123,26 +141,28 @@ class _TinyRun:
             "policy.max_total_sequence_length=128",
             "policy.optimizer.lr=1e-3",
         ]
-        return load_config(None, [*fixed, *overrides], self.registry)
+        return load_config(None, [*fixed, *self.options, *overrides], self.registry)
 
     def section(self, config: Config) -> Any:
         return config.sections.get(self.spec.config_key or "")
 
 
-def _certify_ray_component(spec: Any, registry: Registry, *, quick: bool, work: Path, card: Card) -> Card:
+def _certify_ray_component(
+    spec: Any, registry: Registry, options: Sequence[str], *, quick: bool, work: Path, card: Card
+) -> Card:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the reference forwards' "Loading weights" bars, above the report card
     model = ensure_tiny_model("qwen2-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    tiny = _TinyRun(spec=spec, registry=registry, model=model, work=work)
+    tiny = _TinyRun(spec=spec, registry=registry, model=model, work=work, options=options)
     init_ray(tiny.config([], "probe").cluster, verbose=False)
     if isinstance(spec, RolloutEngineSpec):
         cfg = tiny.config([], "engine")
         engine = spec.factory(cfg, tiny.section(cfg))
         try:
-            return certify_engine(engine, model, tokenizer, quick=quick, card=card)
+            return certify_engine(engine, model, tokenizer, declared=spec.refit_routes, quick=quick, card=card)
         finally:
             engine.shutdown()
     make = _backend_maker(tiny, spec)

@@ -44,8 +44,13 @@ def certify_reward_source(source: RewardSource, *, card: Card | None = None) -> 
     card = card or Card("reward source", type(source).__name__)
     samples = reward_samples()
     card.run("implements the protocol", "RewardSource", lambda: (isinstance(source, Protocol), "yes"))
-    whole = totals(source.score(*samples))
-    card.run("one finite reward per response", f"{len(samples[0])}", partial(check_finite, samples, whole))
+    whole: list[float] = []  # the rewards of the whole batch, which the later checks compare against
+
+    def first() -> Outcome:
+        whole.extend(totals(source.score(*samples)))
+        return check_finite(samples, whole)
+
+    card.run("one finite reward per response", f"{len(samples[0])}", first)
     card.run("rewards follow the order of the inputs", "equal", partial(check_order, source, samples, whole))
     card.run(
         "scoring in other batches (uneven, one at a time) gives the same rewards",

@@ -402,11 +402,18 @@ class RefitSender:
         self._thread.start()
         return BroadcastWeights(address, port, 1 + receivers, backend, tuple(metas), checksums=sums)
 
-    def release(self) -> None:
+    def release(self, timeout: float | None = None) -> None:
         """Wait until the last broadcast was sent and drop what the receivers no longer read (call it once the engine
-        has loaded the weights, e.g. before offloading the trainer). A failed broadcast is raised here."""
+        has loaded the weights, e.g. before offloading the trainer). A failed broadcast is raised here; one still
+        under way after ``timeout`` seconds is abandoned (its receivers never joined) and raised as a TimeoutError."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._thread, self._store = None, None  # the next broadcast rendezvouses afresh
+                raise TimeoutError(
+                    f"the weight broadcast did not finish within {timeout:g} s: its receivers never joined the group "
+                    "(an engine that does not receive over the broadcast route?)"
+                )
             self._thread = None
         self._keepalive = None
         if self._error is not None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from rl_core.base.errors import InputError, PluginError
+from rl_core.base.errors import ConfigError, InputError, PluginError
 from rl_core.base.schema import Config
 from rl_core.distributed.placement import Device, colocated
 from rl_core.plugins.registry import Registry
@@ -73,6 +73,7 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
         enabled=enabled(config, registry, TrainingBackendSpec),
         selector_key="policy.backend",
     )
+    check_declared(config, backend.chosen, None)
     engine = None
     if algorithm.uses_rollout:
         engine = choose(
@@ -82,6 +83,7 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
             enabled=enabled(config, registry, RolloutEngineSpec),
             selector_key="policy.generation.backend",
         )
+        check_declared(config, None, engine.chosen)
         if not config.reward.sources and not config.environment.name:
             raise InputError(
                 f"algorithm {config.algorithm!r} needs rewards: add reward.sources, e.g. [{{name: exact_match}}], or an "
@@ -95,6 +97,23 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
         environment=config.environment.name if engine is not None else None,
         route=route_description(config, device) if engine is not None else None,
     )
+
+
+def check_declared(config: Config, backend: ComponentSpec | None, engine: ComponentSpec | None) -> None:
+    """The config asks nothing the chosen components declare they do not support: more ranks than a backend's
+    ``max_ranks``, a weight transport an engine's ``refit_routes`` leave out."""
+    ranks = config.policy.num_workers
+    if isinstance(backend, TrainingBackendSpec) and backend.max_ranks is not None and ranks > backend.max_ranks:
+        raise ConfigError(
+            f"policy.num_workers={ranks}, but training backend {backend.name!r} runs on at most {backend.max_ranks} "
+            "rank(s); lower it, or choose another backend (policy.backend)"
+        )
+    named = config.policy.generation.weight_transport
+    if isinstance(engine, RolloutEngineSpec) and named is not None and named not in engine.refit_routes:
+        raise ConfigError(
+            f"policy.generation.weight_transport={named}, but rollout engine {engine.name!r} receives weights only "
+            f"over {', '.join(engine.refit_routes)}; name one of those, or leave it unset"
+        )
 
 
 def choose(

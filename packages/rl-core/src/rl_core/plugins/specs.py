@@ -74,6 +74,9 @@ class TrainingBackendSpec(ComponentSpec):
     owns_section = True
 
     factory: Callable[[Config, Any], TrainingBackend]
+    #: the most ranks (``policy.num_workers``) the backend runs on; None: any number. A config asking for more is
+    #: refused before workers start, and ``rl-core certify`` skips its two-rank check (saying why).
+    max_ranks: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
     #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
     #: default fits backends that use the core's ``policy.optimizer``.
@@ -94,6 +97,9 @@ class RolloutEngineSpec(ComponentSpec):
     owns_section = True
 
     factory: Callable[[Config, Any], RolloutEngine]
+    #: the refit routes the engine receives (``rl_core.contracts.refit.ROUTES``): a run naming another is refused
+    #: before workers start, and ``rl-core certify`` refits over exactly these (saying which it skipped).
+    refit_routes: tuple[str, ...] = ("object_store", "host_shm", "broadcast", "cuda_ipc")
 
 
 @attrs.frozen(kw_only=True)
