@@ -175,7 +175,14 @@ def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:
 
     with tempfile.TemporaryDirectory(prefix="rl-core-certify-") as work:
         card = certify(
-            args.name, registry, kind=args.kind, quick=args.quick, options=args.option, data=args.data, work=Path(work)
+            args.name,
+            registry,
+            kind=args.kind,
+            quick=args.quick,
+            options=args.option,
+            overrides=args.overrides,
+            data=args.data,
+            work=Path(work),
         )
     if args.json:
         sys.stdout.write(json.dumps(card.as_dict(), indent=2) + "\n")
@@ -264,15 +271,28 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "certify",
         parents=[common],
-        help="check a training backend, rollout engine or reward source for silent wrongness",
+        help="check a training backend, rollout engine, reward source, environment or algorithm for silent wrongness",
     )
     p.add_argument("name", help="the component's registered name (rl-core plugins lists them)")
     p.add_argument(
-        "--kind", choices=["backend", "engine", "reward", "environment"], help="when a name is registered as several"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides for the runs certify builds (a backend's, an engine's, an algorithm's)",
+    )
+    p.add_argument(
+        "--kind",
+        choices=["backend", "engine", "reward", "environment", "algorithm"],
+        help="when a name is registered as several",
     )
     p.add_argument("--quick", action="store_true", help="fewer refit routes and batch splits (under 2 minutes)")
     p.add_argument(
-        "--option", action="append", default=[], metavar="KEY=VALUE", help="a reward source's or environment's options"
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the component's own config section (an engine's, a backend's, an algorithm's) or a reward source's "
+        "or environment's options",
     )
     p.add_argument("--data", type=Path, help="an environment's dataset rows (JSONL) to start episodes from")
     p.add_argument("--json", action="store_true")
@@ -296,6 +316,17 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parse_args``, but ``key=value`` overrides may also follow a command's flags (``certify NAME --json a=b``)."""
+    args, extra = parser.parse_known_args(argv)
+    positional = "overrides" if hasattr(args, "overrides") else "items" if hasattr(args, "items") else None
+    if extra and positional and all("=" in e and not e.startswith("-") for e in extra):
+        setattr(args, positional, [*(getattr(args, positional) or []), *extra])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -307,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         registry = Registry.discover()
         parser = build_parser(registry)
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         if args.version:
             print(versions(registry))
             return 0

@@ -1,6 +1,6 @@
 """Certification: ``rl-core certify`` and the checks behind it, which catch silent wrongness in a training backend,
 a rollout engine, a reward source or an environment, each reported on a card with the number it measured and the
-bound it was held to. One module per kind (``engine``, ``backend``, ``reward``), one function per check; ``card``
+bound it was held to. One module per kind (``engine``, ``backend``, ``reward``, ``algorithm``), one function per check; ``card``
 holds the report card and the bounds, ``command`` builds a component from the registry as the command does.
 
 The checks use tiny models built locally and a plain Hugging Face forward pass in this process as the reference.
@@ -10,6 +10,7 @@ share. Numbers are held to fp32 bounds: logprobs within ``LOGPROB_BOUND`` of the
 the batch split within ``INVARIANCE_BOUND``, checkpoints bit-exact.
 """
 
+from rl_core.certify.algorithm import certify_algorithm
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import INVARIANCE_BOUND, LOGPROB_BOUND, Card, CheckResult
 from rl_core.certify.command import certify
@@ -22,6 +23,7 @@ __all__ = [
     "Card",
     "CheckResult",
     "certify",
+    "certify_algorithm",
     "certify_backend",
     "certify_engine",
     "certify_environment",

@@ -11,6 +11,7 @@ import attrs
 import yaml
 
 from rl_core.base.errors import InputError, PluginError
+from rl_core.certify.algorithm import certify_algorithm
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import Card
 from rl_core.certify.engine import certify_engine
@@ -20,6 +21,7 @@ from rl_core.data.prompts import TASKS, load_jsonl
 from rl_core.data.tiny_models import ensure_tiny_model
 from rl_core.distributed.cluster import init_ray
 from rl_core.plugins.specs import (
+    AlgorithmSpec,
     ComponentSpec,
     EnvironmentSpec,
     RewardSourceSpec,
@@ -38,6 +40,7 @@ KIND_FLAGS: dict[str, type[ComponentSpec]] = {
     "engine": RolloutEngineSpec,
     "reward": RewardSourceSpec,
     "environment": EnvironmentSpec,
+    "algorithm": AlgorithmSpec,
 }
 
 
@@ -48,10 +51,13 @@ def certify(
     kind: str | None = None,
     quick: bool = False,
     options: Sequence[str] = (),
+    overrides: Sequence[str] = (),
     data: Path | None = None,
     work: Path,
 ) -> Card:
-    """Build the component ``name`` from the registry and certify it. Ctrl-C returns the card so far."""
+    """Build the component ``name`` from the registry and certify it: ``options`` are settings of its own section
+    (or a reward source's or environment's options), ``overrides`` config overrides for the runs certify builds
+    (backends, engines, algorithms). Ctrl-C returns the card so far."""
     kinds = [k for flag, k in KIND_FLAGS.items() if name in registry.specs(k) and kind in (None, flag)]
     if not kinds:
         raise PluginError(registry.why_missing(TrainingBackendSpec, name).replace("training backend", "component"))
@@ -66,9 +72,13 @@ def certify(
             return certify_reward_source(source, card=card)
         if which is EnvironmentSpec:
             return _certify_environment(registry.get(EnvironmentSpec, name), options, data, card)
+        if which is AlgorithmSpec:
+            algorithm = registry.get(AlgorithmSpec, name)
+            runs = [*_section_overrides(algorithm, options), *overrides]
+            return certify_algorithm(algorithm, registry, work, overrides=runs, card=card)
         built = registry.get(which, name)
-        overrides = _section_overrides(built, options)
-        return _certify_ray_component(built, registry, overrides, quick=quick, work=work, card=card)
+        runs = [*_section_overrides(built, options), *overrides]
+        return _certify_ray_component(built, registry, runs, quick=quick, work=work, card=card)
     except KeyboardInterrupt:
         card.interrupted()
         return card
