@@ -16,6 +16,7 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             config_class=DTensorConfig,
             factory=lazy("rl_backend_dtensor.backend:make_backend"),
             description="PyTorch FSDP2 (DTensor) over Hugging Face models",
+            lora=True,
             package="rl-backend-dtensor",
         )
     ]

@@ -21,6 +21,7 @@ from rl_core.api import (
     RefitPayload,
     RefitRoute,
     RefitSender,
+    lora,
     make_optimizer,
     make_scheduler,
     thread_budget,
@@ -47,6 +48,7 @@ class DTensorWorker:
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.chunk_tokens = cfg.logprob_chunk_tokens or (1024 if self.device.type == "cuda" else None)
         torch.manual_seed(seed)
+        self.lora = policy.lora
         self.model: Any = None
         self.reference: Any = None
         self.refit_sender = RefitSender()
@@ -68,7 +70,8 @@ class DTensorWorker:
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         self.model = self._load(trainable=True)
-        self.optimizer = make_optimizer(self.model.parameters(), self.policy.optimizer)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
+        self.optimizer = make_optimizer(trained, self.policy.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.policy.scheduler)
         ip, node_id = node_address()
         return {
@@ -88,6 +91,8 @@ class DTensorWorker:
         )
         if trainable and self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if trainable and self.lora.enabled:  # a frozen base with adapters; the reference is the base itself
+            model = lora.wrap(model, self.lora, trainable=True)
         if not trainable:
             model.requires_grad_(False)
             model.eval()
@@ -143,9 +148,14 @@ class DTensorWorker:
 
     @torch.no_grad()
     def logprobs(self, shard: B.Batch, reference: bool = False) -> torch.Tensor:
+        if reference and self.lora.enabled:  # the base model: the adapters switched off, no second copy
+            with self.model.disable_adapter():
+                return self._all_logprobs(self.model, shard)
         if reference and self.reference is None:
             self.reference = self._load(trainable=False)
-        model = self.reference if reference else self.model
+        return self._all_logprobs(self.reference if reference else self.model, shard)
+
+    def _all_logprobs(self, model: Any, shard: B.Batch) -> torch.Tensor:
         model.eval()
         rows = B.num_rows(shard)
         parts = [self._logprobs(model, mb).float().cpu() for mb in self._chunks(shard)]
@@ -182,25 +192,37 @@ class DTensorWorker:
 
     # -- weights and checkpoints ----------------------------------------------------------------------------------
 
-    def _full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """Full weights on rank 0. With one rank the local shards already are the full tensors: no gather, no copy
-        (refit and export then read the live parameters)."""
+    def _full_state_dict(self, on_device: bool = False, adapters_only: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights on rank 0 (with LoRA: ``peft``'s names, or only the adapters'). With one rank the local
+        shards already are the full tensors: no gather, no copy (refit and export then read the live parameters)."""
         if self.world_size == 1:
             local = {n: t.to_local() if hasattr(t, "to_local") else t for n, t in self.model.state_dict().items()}
             return {
-                n: t.detach() if on_device or t.device.type == "cpu" else t.detach().cpu() for n, t in local.items()
+                n: t.detach() if on_device or t.device.type == "cpu" else t.detach().cpu()
+                for n, t in local.items()
+                if not adapters_only or lora.is_adapter(n)
             }
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not on_device, ignore_frozen_params=adapters_only)
         full: dict[str, torch.Tensor] = get_model_state_dict(self.model, options=options)  # type: ignore[assignment]
         return full
 
+    def _hf_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights in the plain model's names (with LoRA: the adapters merged in)."""
+        full = self._full_state_dict(on_device)
+        return lora.merged(full, self.lora.scale) if self.lora.enabled else full
+
     def weights_for_refit(self, route: RefitRoute) -> RefitPayload | None:
-        """Rank 0's full weights (Hugging Face names) as a refit payload; other ranks take part in the gather and
-        return None. On GPU the weights stay on the device (the GPU routes read them there)."""
-        full = self._full_state_dict(on_device=self.device.type == "cuda")
-        return self.refit_sender.publish(full, route) if self.rank == 0 else None
+        """Rank 0's weights as a refit payload: the plain model's (Hugging Face names; with LoRA the adapters merged
+        in), or with ``route.adapters_only`` the adapters' alone (``peft`` names). Other ranks take part in the
+        gather and return None. On GPU the weights stay on the device (the GPU routes read them there)."""
+        on_device = self.device.type == "cuda"
+        if route.adapters_only and self.lora.enabled:
+            weights = self._full_state_dict(on_device, adapters_only=True)
+        else:
+            weights = self._hf_weights(on_device)
+        return self.refit_sender.publish(weights, route) if self.rank == 0 else None
 
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
@@ -209,7 +231,7 @@ class DTensorWorker:
         # before the first step the optimizer has no state, and get_state_dict would give it one by a zero-lr step
         # (AdamW's step count then 1, not 0): that must neither change this run nor be what a load restores
         fresh = not self.optimizer.state
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         if fresh:
             self.optimizer.state.clear()
@@ -225,22 +247,42 @@ class DTensorWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        options = self._state_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
         if extra.get("fresh_optimizer"):
             self.optimizer.state.clear()
         self.scheduler.load_state_dict(extra["scheduler"])
         torch.set_rng_state(extra["rng"])
 
+    def _state_options(self) -> Any:
+        """What a checkpoint holds: every weight, or with LoRA the adapters (the base is the model folder's)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.lora.enabled, strict=not self.lora.enabled)
+
     def export_hf(self, path: str) -> None:
+        """The plain model (with LoRA: merged) at ``path``, and with LoRA its adapters at ``path/adapter`` (a
+        ``peft`` folder)."""
         full = self._full_state_dict()
         if self.rank == 0:
             from transformers import AutoTokenizer
 
-            self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
+            if self.lora.enabled:
+                self.model.save_pretrained(Path(path) / "adapter", state_dict=full)
+                base = self.model.get_base_model()
+                base.save_pretrained(path, state_dict=lora.merged(full, self.lora.scale), safe_serialization=True)
+            else:
+                self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
         if self.world_size > 1:
             dist.barrier()

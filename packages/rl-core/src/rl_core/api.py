@@ -16,6 +16,8 @@ import it. What is not re-exported here is internal and may change between minor
 - Workers: ``RankWorker`` and ``ReplicaWorker`` (or ``AsyncReplicaWorker``), what the one class a group backend or engine plugin writes
   implements (``GroupBackend`` / ``GroupEngine`` drive them; ``start_ranks`` / ``start_replicas`` start them).
 - Ray: ``WorkerGroup`` and the layouts that place a backend's ranks and an engine's replicas (colocated or not).
+- LoRA: ``lora`` (the ``peft`` config from ``policy.lora``, wrapping a model, which weights are adapters, merging
+  them into plain weights) and ``LoraConfig``.
 - Config: the core's sections a plugin reads, and ``structure_section`` to validate options.
 - Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
 - Algorithms: an outside algorithm (``rl_algorithms`` -> ``AlgorithmSpec``) gets the ``RunContext`` (config,
@@ -29,9 +31,17 @@ from __future__ import annotations
 
 from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreError
 from rl_core.base.paths import cache_root
-from rl_core.base.schema import Config, LossConfig, OptimizerConfig, PolicyConfig, RolloutLoopConfig, SchedulerConfig
+from rl_core.base.schema import (
+    Config,
+    LoraConfig,
+    LossConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    RolloutLoopConfig,
+    SchedulerConfig,
+)
 from rl_core.config.loader import structure_section
-from rl_core.contracts import batch
+from rl_core.contracts import batch, lora
 from rl_core.contracts.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
 from rl_core.contracts.protocols import (
     Environment,
@@ -129,6 +139,7 @@ __all__ = [
     "HostShmWeights",
     "InputError",
     "LoggerSpec",
+    "LoraConfig",
     "LossConfig",
     "LossFunction",
     "MetricsLogger",
@@ -195,6 +206,7 @@ __all__ = [
     "run_loop",
     "sampling",
     "lazy",
+    "lora",
     "start_ranks",
     "start_replicas",
     "structure_section",

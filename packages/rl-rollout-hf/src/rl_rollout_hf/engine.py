@@ -12,7 +12,15 @@ def make_engine(config: Config, section: HfGenerateConfig) -> GroupEngine:
 
     device = detected_device(config)
     trust = config.policy.trust_remote_code
-    group = start_replicas(HfWorker, config, lambda rank: dict(cfg=section, device=device, trust_remote_code=trust))
+    adapters = config.policy.lora if config.policy.lora.enabled else None  # the trainer's adapters, refit alone
+
+    def args(rank: int) -> dict[str, object]:
+        return dict(cfg=section, device=device, trust_remote_code=trust, adapters=adapters)
+
+    group = start_replicas(HfWorker, config, args)
     return GroupEngine(
-        group, max_model_len=config.policy.max_total_sequence_length, len_key="policy.max_total_sequence_length"
+        group,
+        max_model_len=config.policy.max_total_sequence_length,
+        len_key="policy.max_total_sequence_length",
+        takes_adapters=adapters is not None,
     )

@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-from rl_core.api import InputError, RefitPayload, Sample, receive_weights, received_stats, thread_budget
+from rl_core.api import (
+    InputError,
+    LoraConfig,
+    RefitPayload,
+    Sample,
+    lora,
+    receive_weights,
+    received_stats,
+    thread_budget,
+)
 from rl_rollout_hf.config import HfGenerateConfig
 
 #: one sequence to decode: (prompt_index, sample_index, prompt token ids)
@@ -33,7 +42,10 @@ class HfWorker:
         dtype: str,
         device: str,
         trust_remote_code: bool = False,
+        adapters: LoraConfig | None = None,
     ) -> None:
+        """``adapters``: the run's LoRA config; the model then carries the same adapters as the trainer's (``peft``),
+        and refits hold only their tensors."""
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         # Ray starts actors with OMP_NUM_THREADS=1: decode on this replica's share of the node's cores
@@ -44,9 +56,11 @@ class HfWorker:
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
-        self.model = model.to(self.device).eval()
         # sampling is set per call: none of the checkpoint's own defaults (top_k, repetition penalty, ...) apply
-        self.model.generation_config = GenerationConfig()
+        model.generation_config = GenerationConfig()
+        if adapters is not None:
+            model = lora.wrap(model, adapters, trainable=False)
+        self.model = model.to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         eos = self.tokenizer.eos_token_id
@@ -143,13 +157,20 @@ class HfWorker:
         receiver ``rank_offset``."""
         start = time.perf_counter()
         named = receive_weights(payload, rank=rank_offset, device=self.device)
-        params = dict(self.model.named_parameters(remove_duplicate=False))
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        # with adapters: a refit holds their tensors alone (peft names), or whole plain weights (the base's)
+        adapters = bool(named) and all(lora.is_adapter(name) for name, _ in named)
+        params = {
+            (name if adapters else lora.plain_name(name)): p
+            for name, p in own.items()
+            if lora.is_adapter(name) == adapters
+        }
         unknown = [name for name, _ in named if name not in params]
         if unknown:
             raise InputError(f"refit sent tensors the model does not have: {', '.join(unknown[:5])}")
         for name, tensor in named:
             params[name].copy_(tensor)
-        missing = set(params) - {name for name, _ in named} - self._tied()
+        missing = set(params) - {name for name, _ in named} - {lora.plain_name(n) for n in self._tied()}
         if missing:
             raise InputError(
                 f"refit did not send {len(missing)} of the model's tensors: {', '.join(sorted(missing)[:5])}"

@@ -82,6 +82,32 @@ class GenerationConfig:
 
 
 @attrs.frozen(kw_only=True)
+class LoraConfig:
+    """``policy.lora``: train low-rank adapters (``peft``) on a frozen base instead of every weight. The reference
+    policy is then the base with the adapters disabled (no second copy), engines that take adapters get only the
+    adapters' tensors at each refit (others the merged weights), and checkpoints hold the adapters and their
+    optimizer state."""
+
+    enabled: bool = False
+    #: the adapters' rank r.
+    rank: int = attrs.field(default=16, validator=_pos)
+    #: the update is scaled by alpha / r.
+    alpha: int = attrs.field(default=32, validator=_pos)
+    dropout: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    #: module names (suffixes, as ``peft`` matches them) to adapt; ``[all-linear]``: every linear layer but the
+    #: output layer.
+    target_modules: tuple[str, ...] = ("all-linear",)
+    #: module names never adapted.
+    exclude_modules: tuple[str, ...] = ()
+    #: a ``peft`` adapter folder to start from (``save_pretrained`` output); unset, fresh adapters (B = 0).
+    adapter_path: str | None = None
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@attrs.frozen(kw_only=True)
 class PolicyConfig:
     #: a local Hugging Face folder, or ``tiny:NAME`` for a model built on first use by ``rl_core.testing``.
     model_name: str
@@ -108,6 +134,7 @@ class PolicyConfig:
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     generation: GenerationConfig = attrs.Factory(GenerationConfig)
+    lora: LoraConfig = attrs.Factory(LoraConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.train_global_batch_size % (self.train_micro_batch_size * self.num_workers):

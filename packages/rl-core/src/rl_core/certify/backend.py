@@ -57,11 +57,13 @@ class Gradients:
     _plain: tuple[Weights, float] | None = None
 
     def step(self, overrides: Sequence[str]) -> tuple[Weights, float]:
+        """The update of the trained parameters (with LoRA the adapters', in which the update is the gradient; the
+        merged weights move by a product of them) and the step's loss."""
         backend = self.make([*self.sgd, *overrides])
         try:
-            start = weights_of(backend)
+            start = weights_of(backend, trained=True)
             loss = backend.train(self.batch, self.loss_fn)["loss"]
-            return {k: start[k] - v for k, v in weights_of(backend).items()}, loss
+            return {k: start[k] - v for k, v in weights_of(backend, trained=True).items()}, loss
         finally:
             backend.shutdown()
 
@@ -248,9 +250,10 @@ def _pg_batch(tokenizer: Any) -> PolicyGradientBatch:
     return {**batch, "advantages": advantages}
 
 
-def weights_of(backend: TrainingBackend) -> Weights:
-
-    return {k: v.clone() for k, v in receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))}
+def weights_of(backend: TrainingBackend, *, trained: bool = False) -> Weights:
+    """The weights a refit sends (``trained``: only the trained ones, the adapters of a LoRA backend)."""
+    route = RefitRoute(kind="object_store", adapters_only=trained)
+    return {k: v.clone() for k, v in receive_weights(backend.weights_for_refit(route))}
 
 
 def max_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:

@@ -130,7 +130,9 @@ class RolloutEngine(Protocol):
 
     An engine whose replicas serve overlapping calls together (continuous batching across calls, as vLLM's async
     engine) may say so with an attribute ``concurrent_requests = True``; multi-turn episodes then stream, each
-    episode's next turn its own call (``environment.schedule: auto``). Without it, calls are assumed to queue."""
+    episode's next turn its own call (``environment.schedule: auto``). Without it, calls are assumed to queue.
+    An engine whose model carries the run's LoRA adapters (``policy.lora``) says so with ``takes_adapters = True``:
+    its refits then hold only the adapters' tensors (``peft`` names); otherwise they hold whole, merged weights."""
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Rollout]:
         """``n`` rollouts per prompt, ordered by (prompt_index, sample_index). Empty ``prompts``, an empty prompt

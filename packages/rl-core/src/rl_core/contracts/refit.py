@@ -56,12 +56,14 @@ ROUTES: tuple[RouteKind, ...] = ("object_store", "host_shm", "cuda_ipc", "broadc
 class RefitRoute:
     """What the driver asks of a refit: a route (``kind``; None: chosen by ``choose_route``), the host (IP) of every
     engine process that receives (``RolloutEngine.weight_receivers()``), whether the engine shares the trainer's
-    GPUs, and whether to add per-tensor checksums."""
+    GPUs, whether to add per-tensor checksums, and whether to send only LoRA adapters' tensors (to an engine that
+    takes adapters; others get whole, merged weights)."""
 
     kind: RouteKind | None = None
     receivers: tuple[str, ...] = ()
     colocated: bool = False
     verify: bool = False
+    adapters_only: bool = False
 
 
 @attrs.frozen(kw_only=True)

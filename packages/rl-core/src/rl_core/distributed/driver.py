@@ -217,7 +217,8 @@ class GroupEngine:
     """``rl_core.contracts.protocols.RolloutEngine`` over the replicas of ``group``, each ``processes_per_replica`` processes
     holding weights (tensor-parallel ranks); prompts are spread over replicas by token count. ``max_model_len`` and
     ``len_key`` (the config key that sets it) bound prompt + response. ``concurrent_requests``: the replicas serve
-    overlapping calls together (async actors over an engine with continuous batching)."""
+    overlapping calls together (async actors over an engine with continuous batching). ``takes_adapters``: with
+    ``policy.lora`` on, refits send the replicas only the adapters' tensors (their models carry the adapters)."""
 
     def __init__(
         self,
@@ -227,11 +228,13 @@ class GroupEngine:
         len_key: str,
         processes_per_replica: int = 1,
         concurrent_requests: bool = False,
+        takes_adapters: bool = False,
     ) -> None:
         self.group = group
         self.max_model_len, self.len_key = max_model_len, len_key
         self.processes_per_replica = processes_per_replica
         self.concurrent_requests = concurrent_requests
+        self.takes_adapters = takes_adapters
         self._calls = 0  # rotates which replica a call's first (or only) prompt goes to
 
     def _check(self, prompts: Sequence[Sequence[int]]) -> None:

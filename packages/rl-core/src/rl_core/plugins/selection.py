@@ -101,12 +101,17 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
 
 def check_declared(config: Config, backend: ComponentSpec | None, engine: ComponentSpec | None) -> None:
     """The config asks nothing the chosen components declare they do not support: more ranks than a backend's
-    ``max_ranks``, a weight transport an engine's ``refit_routes`` leave out."""
+    ``max_ranks``, LoRA of a backend without ``lora``, a weight transport an engine's ``refit_routes`` leave out."""
     ranks = config.policy.num_workers
     if isinstance(backend, TrainingBackendSpec) and backend.max_ranks is not None and ranks > backend.max_ranks:
         raise ConfigError(
             f"policy.num_workers={ranks}, but training backend {backend.name!r} runs on at most {backend.max_ranks} "
             "rank(s); lower it, or choose another backend (policy.backend)"
+        )
+    if isinstance(backend, TrainingBackendSpec) and config.policy.lora.enabled and not backend.lora:
+        raise ConfigError(
+            f"policy.lora.enabled is true, but training backend {backend.name!r} does not train LoRA adapters; "
+            "choose one that does (policy.backend=dtensor), or train all weights (policy.lora.enabled=false)"
         )
     named = config.policy.generation.weight_transport
     if isinstance(engine, RolloutEngineSpec) and named is not None and named not in engine.refit_routes:

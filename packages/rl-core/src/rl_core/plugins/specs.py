@@ -77,6 +77,9 @@ class TrainingBackendSpec(ComponentSpec):
     #: the most ranks (``policy.num_workers``) the backend runs on; None: any number. A config asking for more is
     #: refused before workers start, and ``rl-core certify`` skips its two-rank check (saying why).
     max_ranks: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    #: whether it trains LoRA adapters (``policy.lora``); a LoRA config for one that does not is refused before
+    #: workers start.
+    lora: bool = False
     #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
     #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
     #: default fits backends that use the core's ``policy.optimizer``.

@@ -59,12 +59,13 @@ def run_loop(
     """Steps ``start+1 .. total_steps`` (``start``: the resumed checkpoint's step, else 0): ``step_fn(sampler,
     step)`` (or the steps of ``stepper(sampler, start, resumed_state)``), validation every ``val_period`` (on at
     most ``max_val_samples`` held-out rows), logging, a checkpoint every ``checkpointing.save_period``. After a
-    resume, a rollout engine first gets the resumed weights. Returns the last step's metrics."""
+    resume (or with a starting LoRA adapter), a rollout engine first gets the trainer's weights. Returns the last step's
+    metrics."""
     train = load_split(ctx.config.data, "train")
     val = load_split(ctx.config.data, "val")[:max_val_samples]
     state = ctx.resume()
-    if state is not None and ctx.engine is not None:
-        refit(ctx)
+    if ctx.engine is not None and (state is not None or ctx.config.policy.lora.adapter_path):
+        refit(ctx)  # the engine starts from the base model: resumed weights, or a given adapter, go to it first
     start = int(state["step"]) if state else 0
     if start > total_steps:
         raise InputError(

@@ -133,6 +133,7 @@ def refit(ctx: RunContext) -> RefitStats:
         receivers=tuple(engine.weight_receivers()),
         colocated=colocated(ctx),
         verify=verify,
+        adapters_only=ctx.config.policy.lora.enabled and bool(getattr(engine, "takes_adapters", False)),
     )
     payload = ctx.backend.weights_for_refit(route)
     stats = engine.update_weights(payload)
