@@ -102,6 +102,10 @@ class TRL:
         self.model, self.beta, self.bf16 = model, beta, bf16
         self.tokens: list[float] = []
 
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """More arguments for GRPOTrainer (bench/lora.py adds a peft_config)."""
+        return {}
+
     def run(self, steps: int) -> list[float]:
         from datasets import Dataset
         from transformers import AutoTokenizer, TrainerCallback
@@ -151,6 +155,7 @@ class TRL:
                 train_dataset=dataset,
                 processing_class=tokenizer,
                 callbacks=[Timer()],
+                **self.trainer_kwargs(),
             )
             trainer.train()
             lengths = [

@@ -13,6 +13,7 @@ BENCHMARKS = [
     "grpo_vs_trl.py",
     "async_grpo.py",
     "multi_turn.py",
+    "lora.py",
 ]
 
 if __name__ == "__main__":

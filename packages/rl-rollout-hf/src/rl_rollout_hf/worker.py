@@ -44,8 +44,8 @@ class HfWorker:
         trust_remote_code: bool = False,
         adapters: LoraConfig | None = None,
     ) -> None:
-        """``adapters``: the run's LoRA config; the model then carries the same adapters as the trainer's (``peft``),
-        and refits hold only their tensors."""
+        """``adapters``: the run's LoRA config; refits then hold only the adapters' tensors, merged here onto the
+        base weights."""
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         # Ray starts actors with OMP_NUM_THREADS=1: decode on this replica's share of the node's cores
@@ -58,9 +58,10 @@ class HfWorker:
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
         # sampling is set per call: none of the checkpoint's own defaults (top_k, repetition penalty, ...) apply
         model.generation_config = GenerationConfig()
-        if adapters is not None:
-            model = lora.wrap(model, adapters, trainable=False)
         self.model = model.to(self.device).eval()
+        #: with adapters: their scale, and the adapted layers' own weights, onto which each refit's adapters are merged
+        self.adapter_scale = adapters.scale if adapters is not None else None
+        self.base_weights: dict[str, torch.Tensor] = {}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         eos = self.tokenizer.eos_token_id
@@ -157,25 +158,33 @@ class HfWorker:
         receiver ``rank_offset``."""
         start = time.perf_counter()
         named = receive_weights(payload, rank=rank_offset, device=self.device)
-        own = dict(self.model.named_parameters(remove_duplicate=False))
-        # with adapters: a refit holds their tensors alone (peft names), or whole plain weights (the base's)
-        adapters = bool(named) and all(lora.is_adapter(name) for name, _ in named)
-        params = {
-            (name if adapters else lora.plain_name(name)): p
-            for name, p in own.items()
-            if lora.is_adapter(name) == adapters
-        }
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        if named and all(lora.is_adapter(name) for name, _ in named):
+            self._merge_adapters(dict(named), params)
+            return [received_stats(named, payload, time.perf_counter() - start)]
+        self.base_weights.clear()  # whole weights: the base itself changed
         unknown = [name for name, _ in named if name not in params]
         if unknown:
             raise InputError(f"refit sent tensors the model does not have: {', '.join(unknown[:5])}")
         for name, tensor in named:
             params[name].copy_(tensor)
-        missing = set(params) - {name for name, _ in named} - {lora.plain_name(n) for n in self._tied()}
+        missing = set(params) - {name for name, _ in named} - self._tied()
         if missing:
             raise InputError(
                 f"refit did not send {len(missing)} of the model's tensors: {', '.join(sorted(missing)[:5])}"
             )
         return [received_stats(named, payload, time.perf_counter() - start)]
+
+    def _merge_adapters(self, adapters: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]) -> None:
+        """Each adapted layer's weight := its base weight + scale * B @ A: the model stays plain (no adapter
+        matmuls while decoding), and only the adapters travelled."""
+        if self.adapter_scale is None:
+            raise InputError("refit sent LoRA adapters, but this engine was started without policy.lora")
+        for name, update in lora.updates(adapters, self.adapter_scale).items():
+            if name not in params:
+                raise InputError(f"refit sent an adapter for {name}, which the model does not have")
+            base = self.base_weights.setdefault(name, params[name].detach().clone())
+            params[name].copy_(base + update.to(base.dtype))
 
     def _tied(self) -> set[str]:
         """Parameter names that share storage with another (tied embeddings): sent once."""

@@ -16,10 +16,11 @@ def uses_async_engine(config: Config, section: VllmConfig) -> bool:
 def make_engine(config: Config, section: VllmConfig) -> GroupEngine:
     max_model_len = section.max_model_len or config.policy.max_total_sequence_length
     async_engine = uses_async_engine(config, section)
+    scale = config.policy.lora.scale if config.policy.lora.enabled else None  # adapters alone at each refit
     group = start_replicas(
         AsyncVllmWorker if async_engine else VllmWorker,
         config,
-        lambda rank: dict(cfg=section, max_model_len=max_model_len, seed=config.seed + rank),
+        lambda rank: dict(cfg=section, max_model_len=max_model_len, seed=config.seed + rank, adapter_scale=scale),
         processes_per_replica=section.tensor_parallel_size,
         env_vars=engine_environment(section),
     )
@@ -29,4 +30,5 @@ def make_engine(config: Config, section: VllmConfig) -> GroupEngine:
         len_key="policy.generation.vllm_cfg.max_model_len / policy.max_total_sequence_length",
         processes_per_replica=section.tensor_parallel_size,
         concurrent_requests=async_engine,
+        takes_adapters=scale is not None,
     )

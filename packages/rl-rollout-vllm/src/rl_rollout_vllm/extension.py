@@ -11,7 +11,7 @@ import pickle
 import time
 from typing import Any
 
-from rl_core.api import RefitPayload, receive_weights, received_stats
+from rl_core.api import RefitPayload, lora, receive_weights, received_stats
 
 
 class RefitExtension:
@@ -20,15 +20,40 @@ class RefitExtension:
     model_runner: Any
     rank: int
 
-    def rl_refit(self, payload: RefitPayload | bytes, rank_offset: int) -> tuple[Any, ...]:
+    def rl_refit(
+        self, payload: RefitPayload | bytes, rank_offset: int, adapter_scale: float | None = None
+    ) -> tuple[Any, ...]:
         """Reload the weights behind ``payload`` in place; returns ``rl_core.api.received_stats``.
 
         ``payload`` is a refit payload (engine in the actor's own process) or one pickled to bytes (engine core in
         another process, reached over vLLM's msgpack RPC); on the broadcast route this process is receiver
-        ``rank_offset + self.rank``."""
+        ``rank_offset + self.rank``. A payload of LoRA adapters alone (``adapter_scale`` given) is merged here onto
+        the base weights, read once from the model folder: only the adapters travel, and vLLM keeps generating
+        with a plain model."""
         start = time.perf_counter()
         weights: RefitPayload = pickle.loads(payload) if isinstance(payload, bytes) else payload
         device = next(self.model_runner.get_model().parameters()).device
         named = receive_weights(weights, rank=rank_offset + self.rank, device=device)
-        self.model_runner.reload_weights(weights_iterator=named)
+        if adapter_scale is not None and named and all(lora.is_adapter(name) for name, _ in named):
+            self.model_runner.reload_weights(weights_iterator=self._merged(dict(named), adapter_scale))
+        else:
+            self.model_runner.reload_weights(weights_iterator=named)
         return received_stats(named, weights, time.perf_counter() - start)
+
+    def _merged(self, adapters: dict[str, Any], scale: float) -> list[tuple[str, Any]]:
+        """Every weight of the base model (the folder vLLM loaded), with each adapted one's ``scale * B @ A`` added."""
+        base = getattr(self, "_lora_base", None)
+        if base is None:
+            from pathlib import Path
+
+            from safetensors.torch import load_file
+
+            base = {}
+            for path in sorted(Path(self.model_runner.model_config.model).glob("*.safetensors")):
+                base.update(load_file(str(path)))
+            self._lora_base = base
+        updates = lora.updates(adapters, scale)
+        missing = sorted(set(updates) - set(base))
+        if missing:
+            raise KeyError(f"adapters for weights the base model does not have: {', '.join(missing[:5])}")
+        return [(name, t + updates[name].to(t.device, t.dtype) if name in updates else t) for name, t in base.items()]

@@ -131,7 +131,9 @@ def to_sample(index: int, j: int, output: Any, params: Any, tokenizer: Any) -> S
 class VllmWorker:
     """vLLM's ``LLM`` with the engine in this process: refit payloads reach the model runner by reference."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, adapter_scale: float | None = None, **kwargs: Any) -> None:
+        """``adapter_scale``: with ``policy.lora``, refits hold the adapters alone, merged in each vLLM worker."""
+        self.adapter_scale = adapter_scale
         self.llm = start_engine(False, **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -166,7 +168,7 @@ class VllmWorker:
 
     def update_weights(self, payload: RefitPayload, rank_offset: int) -> list[tuple[Any, ...]]:
         """Reload weights in place from any route's payload: each TP rank's ``received_stats``."""
-        results = self.llm.collective_rpc("rl_refit", args=(payload, rank_offset))
+        results = self.llm.collective_rpc("rl_refit", args=(payload, rank_offset, self.adapter_scale))
         self.llm.reset_prefix_cache()
         return list(results)
 
@@ -174,7 +176,8 @@ class VllmWorker:
 class AsyncVllmWorker:
     """vLLM's async engine: every sample is its own request, streamed out when it ends."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, adapter_scale: float | None = None, **kwargs: Any) -> None:
+        self.adapter_scale = adapter_scale
         self.llm = start_engine(True, **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -222,6 +225,7 @@ class AsyncVllmWorker:
 
                 save_file(dict(receive_weights(payload)), f"{tmp}/weights.safetensors")
                 payload = FileWeights(f"{tmp}/weights.safetensors", checksums=payload.checksums)
-            results = await self.llm.collective_rpc("rl_refit", args=(pickle.dumps(payload), rank_offset))
+            args = (pickle.dumps(payload), rank_offset, self.adapter_scale)
+            results = await self.llm.collective_rpc("rl_refit", args=args)
         await self.llm.reset_prefix_cache()
         return [(*r[:3], route, *r[4:]) for r in results]

@@ -51,6 +51,21 @@ def plain_name(name: str) -> str:
     return name.removeprefix(PEFT_PREFIX).replace(BASE_LAYER, ".")
 
 
+def updates(adapters: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """Adapters' tensors (``peft`` names) as the change each makes to a plain weight: ``{weight name: scale * B @ A}``
+    (what an engine that keeps the base weights adds to them; it then generates with a plain model)."""
+    layers: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in adapters.items():
+        layer, _, rest = name.partition(".lora_")
+        layers.setdefault(plain_name(layer) + ".weight", {})[rest.split(".", 1)[0]] = tensor
+    out = {}
+    for weight, pair in layers.items():
+        if set(pair) != {"A", "B"}:
+            raise KeyError(f"adapter of {weight} incomplete: got {sorted(pair)}, expected A and B")
+        out[weight] = scale * (pair["B"] @ pair["A"])
+    return out
+
+
 def merged(state: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """A ``peft`` model's full weights as the plain model's: each adapted layer's weight W + scale * B @ A, names
     without ``peft``'s prefix and infixes (what ``from_pretrained`` of the base architecture loads)."""
