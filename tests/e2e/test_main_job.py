@@ -13,6 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[2]
 SHORT_GRPO = [
     "warmup_recipe=null",
     "grpo.max_num_steps=6",
@@ -25,8 +26,9 @@ SHORT_GRPO = [
 COMPARED = ("reward", "train/loss", "train/grad_norm", "val/reward", "response_length")
 
 
-def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rl_core.cli", "run", f"run_dir={run_dir}", *overrides]
+def start(run_dir: Path, *overrides: str, config: Path | None = None) -> subprocess.Popen:
+    recipe = [str(config)] if config is not None else []
+    cmd = [sys.executable, "-m", "rl_core.cli", "run", *recipe, f"run_dir={run_dir}", *overrides]
     # a session of its own, so that a kill takes the local Ray it started with it
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -66,14 +68,17 @@ def wait_gone(processes: list, seconds: float = 30.0) -> list:
     return alive
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
+@pytest.mark.parametrize("engine", ["vllm", "hf-lora"])
 def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
-    """The README's main job, with vLLM (the default) and with the Hugging Face generate engine: the README's
-    figures (held-out reward 0.542 before GRPO, 1.000 after, with vLLM). The warm-up teaches the format only, so
-    the model starts at chance (within [0.35, 0.65] of 83 prompts) and GRPO must take it to >= 0.95."""
-    overrides = [] if engine == "vllm" else ["policy.generation.backend=hf"]
+    """The README's main job with vLLM (the default), and its LoRA recipe (examples/configs/grpo_lora.yaml) with the
+    Hugging Face generate engine: the README's figures (held-out reward 0.542 before GRPO, 1.000 after). The warm-up
+    teaches the format only, so the model starts at chance (within [0.35, 0.65] of 83 prompts) and GRPO, of all
+    weights or of adapters alone, must take it to >= 0.95."""
+    lora = engine == "hf-lora"
+    overrides = ["policy.generation.backend=hf"] if lora else []
     begun = time.monotonic()
-    out = finish(start(tmp_path / "run", *overrides))
+    out = finish(start(tmp_path / "run", *overrides, config=ROOT / "examples/configs/grpo_lora.yaml" if lora else None))
+    engine = engine.removesuffix("-lora")
     assert "training backend: dtensor (priority 100" in out and f"rollout engine: {engine}" in out
     assert "warning" not in out.lower() and all(len(line) < 400 for line in out.splitlines()), out[-3000:]
     rows = metrics(tmp_path / "run")
@@ -83,15 +88,20 @@ def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
     assert after >= 0.95, f"held-out reward did not reach the README's figure: {before:.3f} -> {after:.3f}"
 
 
+#: the SIGKILL test trains LoRA adapters (the asynchronous GRPO test's SIGKILL trains all weights): their checkpoint
+#: (adapters and their optimizer state) and adapter-only refits must bring a killed run back exactly
+LORA_GRPO = [*SHORT_GRPO, "policy.lora.enabled=true", "policy.optimizer.lr=3e-3"]
+
+
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path):
-    """kill -9 of the driver alone, mid-run (at best mid-checkpoint-write): no process of the run survives it; the
-    newest whole checkpoint is resumed (a corrupted newer one is skipped, saying why) and the metrics equal an
-    uninterrupted run's, each step once in metrics.jsonl."""
+    """kill -9 of the driver alone, mid-run (at best mid-checkpoint-write), in a LoRA run: no process of the run
+    survives it; the newest whole checkpoint is resumed (a corrupted newer one is skipped, saying why) and the
+    metrics equal an uninterrupted run's, each step once in metrics.jsonl."""
     reference = tmp_path / "uninterrupted"
-    finish(start(reference, *SHORT_GRPO))
+    finish(start(reference, *LORA_GRPO))
 
     run = tmp_path / "killed"
-    proc = start(run, *SHORT_GRPO)
+    proc = start(run, *LORA_GRPO)
     ckpts = run / "checkpoints"
     caught_mid_write = False
     deadline = time.monotonic() + 600
@@ -113,7 +123,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path
         shard = next((ckpts / "step_000004" / "policy").glob("*.distcp"))
         shard.write_bytes(shard.read_bytes()[:-64])
 
-    out = " ".join(finish(start(run, *SHORT_GRPO)).split())
+    out = " ".join(finish(start(run, *LORA_GRPO)).split())
     assert "resuming from" in out and "step_000002 (step 2)" in out, out[-2000:]
     if corrupted:
         assert f"checkpoint step_000004 skipped: policy/{shard.name} has" in out, out[-2000:]
