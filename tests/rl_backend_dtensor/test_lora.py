@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl_core.base.errors import ConfigError
-from rl_core.certify import certify_algorithm, certify_backend
+from rl_core.certify import certify_algorithm, certify_backend, certify_engine
 from rl_core.certify.conformance import hf_logprobs, sample_batch
 from rl_core.config.loader import load_config
 from rl_core.contracts import lora
@@ -124,6 +124,18 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
         from rl_core.contracts.batch import token_logprobs
 
         assert float((token_logprobs(logits, nll["input_ids"]) * nll["attention_mask"] - policy).abs().max()) <= 1e-5
+
+        # and the engine certified with adapters (over the base's own weights first): adapter-only refits take
+        # effect, zero adapters give the base back
+        from safetensors.torch import load_file
+
+        sender = RefitSender()
+        route = RefitRoute(kind="object_store", receivers=tuple(engine.weight_receivers()))
+        engine.update_weights(sender.publish(load_file(str(tiny_model_path / "model.safetensors")), route))
+        sender.close()
+        card = certify_engine(engine, tiny_model_path, tokenizer, quick=True, adapters=cfg.policy.lora)
+        assert card.passed, [(r.check, r.measured) for r in card.results if not r.passed]
+        assert "an adapter-only refit moves the adapters alone and takes effect" in [r.check for r in card.results]
     finally:
         engine.shutdown()
         backend.shutdown()

@@ -242,32 +242,7 @@ def _global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def build_parser(registry: Registry) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rl-core", description="RL post-training for language models.")
-    _global_flags(parser, False)
-    parser.add_argument("--version", action="store_true", help="print each package's version")
-    common = argparse.ArgumentParser(add_help=False)
-    _global_flags(common, argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command")
-
-    p = sub.add_parser(
-        "run",
-        parents=[common],
-        help="run a config (no config: the built-in default recipe)",
-        description="Run a config to the end: a warm-up if it names one, then the algorithm; a run folder that holds "
-        "checkpoints resumes from the newest whole one, and one that finished says so.",
-        epilog=RUN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("items", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
-    p.add_argument("--dry-run", action="store_true", help="show what would run (config, components, placement, data)")
-    p.set_defaults(handler=cmd_run)
-
-    p = sub.add_parser("plugins", parents=[common], help="list plugins; --explain shows what a config selects")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--explain", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
-    p.set_defaults(handler=cmd_plugins)
-
+def _add_certify(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "certify",
         parents=[common],
@@ -297,6 +272,35 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, help="an environment's dataset rows (JSONL) to start episodes from")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_certify)
+
+
+def build_parser(registry: Registry) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rl-core", description="RL post-training for language models.")
+    _global_flags(parser, False)
+    parser.add_argument("--version", action="store_true", help="print each package's version")
+    common = argparse.ArgumentParser(add_help=False)
+    _global_flags(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run a config (no config: the built-in default recipe)",
+        description="Run a config to the end: a warm-up if it names one, then the algorithm; a run folder that holds "
+        "checkpoints resumes from the newest whole one, and one that finished says so.",
+        epilog=RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
+    p.add_argument("--dry-run", action="store_true", help="show what would run (config, components, placement, data)")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("plugins", parents=[common], help="list plugins; --explain shows what a config selects")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--explain", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
+    p.set_defaults(handler=cmd_plugins)
+
+    _add_certify(sub, common)
 
     p = sub.add_parser("plot", parents=[common], help="draw a run's reward, KL, loss and phase-time curves to a PNG")
     p.add_argument("run_dir")

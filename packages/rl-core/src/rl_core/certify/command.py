@@ -172,7 +172,10 @@ def _certify_ray_component(
         cfg = tiny.config([], "engine")
         engine = spec.factory(cfg, tiny.section(cfg))
         try:
-            return certify_engine(engine, model, tokenizer, declared=spec.refit_routes, quick=quick, card=card)
+            adapters = cfg.policy.lora if cfg.policy.lora.enabled and getattr(engine, "takes_adapters", False) else None
+            return certify_engine(
+                engine, model, tokenizer, declared=spec.refit_routes, quick=quick, adapters=adapters, card=card
+            )
         finally:
             engine.shutdown()
     make = _backend_maker(tiny, spec)

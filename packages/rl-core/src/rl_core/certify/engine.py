@@ -25,6 +25,7 @@ from rl_core.certify.card import (
     fmt,
     gap,
 )
+from rl_core.contracts import lora
 from rl_core.contracts.batch import token_logprobs
 from rl_core.contracts.protocols import RolloutEngine, SamplingParams
 from rl_core.contracts.refit import RefitRoute, RefitSender, checksums_match
@@ -33,9 +34,9 @@ from rl_core.training.rollouts import rollout_batch
 if TYPE_CHECKING:
     import torch
 
+    from rl_core.base.schema import LoraConfig
     from rl_core.contracts.batch import PolicyGradientBatch, TokenBatch
-    from rl_core.contracts.protocols import Rollout, RolloutEngine, SamplingParams
-    from rl_core.contracts.refit import RefitSender
+    from rl_core.contracts.protocols import Rollout
 
 
 class Reference:
@@ -120,11 +121,13 @@ def certify_engine(
     declared: Sequence[str] | None = None,
     quick: bool = False,
     refit_timeout_s: float = REFIT_TIMEOUT_S,
+    adapters: LoraConfig | None = None,
     card: Card | None = None,
 ) -> Card:
     """Certify a rollout engine that serves ``model_path`` (fp32). ``routes``: the refit routes to try (on GPU add
     ``cuda_ipc``), those of them the engine ``declared`` (``RolloutEngineSpec.refit_routes``; None: all); ``quick``
-    tries only the first. A refit that takes longer than ``refit_timeout_s`` fails its check, naming the route."""
+    tries only the first. A refit that takes longer than ``refit_timeout_s`` fails its check, naming the route.
+    ``adapters``: the LoRA config of an engine that takes adapter-only refits (``takes_adapters``): checked too."""
 
     card = card or Card("rollout engine", type(engine).__name__)
     tried = [r for r in routes if declared is None or r in declared]
@@ -161,13 +164,9 @@ def certify_engine(
             "an EOS ends the response, kept in token_ids and not in the text", eos, partial(check_eos, case, sender)
         )
         check_truncation(case, card)
-        moves = f"new <= {LOGPROB_BOUND:.0e}, old >= {REFIT_MOVES:.0e}, checksums equal"
-        for i, route in enumerate(tried[:1] if quick else tried):
-            card.run(f"refit over {route} loads the new weights", moves, partial(check_refit, case, sender, route, i))
-        for route in (r for r in routes if r not in tried):
-            card.skip(
-                f"refit over {route} loads the new weights", "the engine does not declare this route (refit_routes)"
-            )
+        check_refits(case, card, sender, routes, tried, quick)
+        if adapters is not None:
+            check_adapter_refits(case, card, sender, adapters, model_path)
     finally:
         # back to the model's own weights, for whoever uses the engine next
         case.load(sender, case.reference.original)
@@ -372,6 +371,72 @@ def _in_top_p(row: torch.Tensor, token: int, p: float = 0.5) -> bool:
     order = probs.argsort(descending=True)
     before = probs[order].cumsum(0) - probs[order]  # mass of the tokens ranked above each
     return token in set(order[before < p + 1e-4].tolist())
+
+
+def check_refits(
+    case: EngineCase, card: Card, sender: RefitSender, routes: Sequence[str], declared: Sequence[str], quick: bool
+) -> None:
+    """A refit over each of the ``routes`` the engine ``declared`` (``quick``: the first); the others are on the card
+    as skipped."""
+    moves = f"new <= {LOGPROB_BOUND:.0e}, old >= {REFIT_MOVES:.0e}, checksums equal"
+    for i, route in enumerate(declared[:1] if quick else declared):
+        card.run(f"refit over {route} loads the new weights", moves, partial(check_refit, case, sender, route, i))
+    for route in (r for r in routes if r not in declared):
+        card.skip(f"refit over {route} loads the new weights", "the engine does not declare this route (refit_routes)")
+
+
+def check_adapter_refits(case: EngineCase, card: Card, sender: RefitSender, cfg: LoraConfig, model_path: Path) -> None:
+    """Adapter-only refits (an engine with ``takes_adapters``): random adapters move only their own bytes and the
+    engine then samples the adapted policy; zero adapters (LoRA off) give the base model's logprobs back."""
+    adapted: dict[str, Any] = {}
+    bound = f"adapters' bytes only; adapted <= {LOGPROB_BOUND:.0e}, base >= {REFIT_MOVES:.0e}"
+    card.run(
+        "an adapter-only refit moves the adapters alone and takes effect",
+        bound,
+        partial(check_adapters_on, case, sender, cfg, model_path, adapted),
+    )
+    card.run(
+        "zero adapters give the base model's logprobs",
+        f"<= {LOGPROB_BOUND:.0e}",
+        partial(check_adapters_off, case, sender, adapted),
+    )
+
+
+def check_adapters_on(
+    case: EngineCase, sender: RefitSender, cfg: LoraConfig, model_path: Path, adapted: dict[str, Any]
+) -> Outcome:
+    """Random adapters (seeded) on a ``peft`` copy of the model, sent alone: the engine samples that model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = lora.wrap(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), cfg, trainable=False)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if lora.is_adapter(name):
+                param.copy_(0.05 * torch.randn(param.shape, generator=g))
+    tensors = {n: p.detach().clone() for n, p in model.named_parameters() if lora.is_adapter(n)}
+    adapted["tensors"] = tensors
+    case.load(sender, case.reference.original)  # the base again (a refit check left other weights behind)
+    size = sum(p.numel() * p.element_size() for p in tensors.values())
+    _payload, stats = case.load(sender, tensors)
+    batch = case.batch(attrs.evolve(case.params, seed=31))
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mine = token_logprobs(logits, batch["input_ids"]) * batch["attention_mask"]
+    agree = gap(batch["generation_logprobs"], mine, batch["loss_mask"])
+    moved = gap(batch["generation_logprobs"], case.reference.logprobs(batch), batch["loss_mask"])
+    ok = agree <= LOGPROB_BOUND and moved >= REFIT_MOVES and stats.num_bytes == size
+    return ok, f"{stats.num_bytes} bytes, adapted {fmt(agree)}, base {fmt(moved)}", f"the adapters: {size} bytes"
+
+
+def check_adapters_off(case: EngineCase, sender: RefitSender, adapted: dict[str, Any]) -> Outcome:
+    import torch
+
+    case.load(sender, {n: torch.zeros_like(t) for n, t in adapted["tensors"].items()})
+    batch = case.batch(attrs.evolve(case.params, seed=32))
+    base = gap(batch["generation_logprobs"], case.reference.logprobs(batch), batch["loss_mask"])
+    return base <= LOGPROB_BOUND, fmt(base)
 
 
 def check_refit(case: EngineCase, sender: RefitSender, route: str, seed: int) -> Outcome:
