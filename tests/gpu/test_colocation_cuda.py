@@ -65,14 +65,19 @@ def test_colocated_trainer_and_engine_take_turns(ray_session, gpu_config, small_
     assert figures["trainer_offload_freed_mb"] > 2.5 * figures["model_mb"]
 
 
-def test_grpo_runs_colocated_on_one_gpu_with_the_hf_engine(ray_session, make_config, tiny_model_path, gpu_report):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_grpo_runs_colocated_on_one_gpu_with_the_hf_engine(ray_session, make_config, tiny_model_path, gpu_report, lora):
+    """A colocated GRPO run on one GPU; with LoRA, each refit moves the adapters alone (CUDA IPC) and the engine
+    merges them onto the base it keeps."""
     import json
     from pathlib import Path
 
     from rl_core.launch.run import run_config
     from rl_core.plugins.registry import Registry
 
+    adapters = ["policy.lora.enabled=true", "policy.optimizer.lr=3e-3"] if lora else []
     config = make_config(
+        *adapters,
         "warmup_recipe=null",
         f"policy.model_name={tiny_model_path}",
         "policy.generation.backend=hf",
@@ -88,5 +93,6 @@ def test_grpo_runs_colocated_on_one_gpu_with_the_hf_engine(ray_session, make_con
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert all("health/logprob_mismatch" in r for r in rows[1:]), "every step checks the engine against the trainer"
     mismatch = max(r["health/logprob_mismatch"] for r in rows[1:])
-    gpu_report["grpo_colocated_hf"] = {"steps": len(rows) - 1, "max_logprob_mismatch": mismatch}
+    name = "grpo_colocated_hf_lora" if lora else "grpo_colocated_hf"
+    gpu_report[name] = {"steps": len(rows) - 1, "max_logprob_mismatch": mismatch}
     assert mismatch < 1e-4

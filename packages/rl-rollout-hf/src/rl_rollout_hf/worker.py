@@ -180,11 +180,11 @@ class HfWorker:
         matmuls while decoding), and only the adapters travelled."""
         if self.adapter_scale is None:
             raise InputError("refit sent LoRA adapters, but this engine was started without policy.lora")
-        for name, update in lora.updates(adapters, self.adapter_scale).items():
+        for name, (a, b) in lora.pairs(adapters).items():
             if name not in params:
                 raise InputError(f"refit sent an adapter for {name}, which the model does not have")
             base = self.base_weights.setdefault(name, params[name].detach().clone())
-            params[name].copy_(base + update.to(base.dtype))
+            torch.addmm(base, b.to(base.dtype), a.to(base.dtype), alpha=self.adapter_scale, out=params[name].data)
 
     def _tied(self) -> set[str]:
         """Parameter names that share storage with another (tied embeddings): sent once."""

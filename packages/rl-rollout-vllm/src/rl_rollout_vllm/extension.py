@@ -52,8 +52,15 @@ class RefitExtension:
             for path in sorted(Path(self.model_runner.model_config.model).glob("*.safetensors")):
                 base.update(load_file(str(path)))
             self._lora_base = base
-        updates = lora.updates(adapters, scale)
-        missing = sorted(set(updates) - set(base))
+        import torch
+
+        pairs = lora.pairs(adapters)
+        missing = sorted(set(pairs) - set(base))
         if missing:
             raise KeyError(f"adapters for weights the base model does not have: {', '.join(missing[:5])}")
-        return [(name, t + updates[name].to(t.device, t.dtype) if name in updates else t) for name, t in base.items()]
+
+        def merged(name: str, w: torch.Tensor) -> torch.Tensor:
+            a, b = pairs[name]
+            return torch.addmm(w, b.to(w.device, w.dtype), a.to(w.device, w.dtype), alpha=scale)
+
+        return [(name, merged(name, t) if name in pairs else t) for name, t in base.items()]

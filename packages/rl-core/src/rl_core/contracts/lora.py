@@ -51,9 +51,10 @@ def plain_name(name: str) -> str:
     return name.removeprefix(PEFT_PREFIX).replace(BASE_LAYER, ".")
 
 
-def updates(adapters: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
-    """Adapters' tensors (``peft`` names) as the change each makes to a plain weight: ``{weight name: scale * B @ A}``
-    (what an engine that keeps the base weights adds to them; it then generates with a plain model)."""
+def pairs(adapters: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Adapters' tensors (``peft`` names) by the plain weight each changes: ``{weight name: (A [r, in], B [out, r])}``.
+    An engine that keeps the base weights sets each to ``W0 + scale * B @ A`` (``torch.addmm``, one pass over W) and
+    generates with a plain model."""
     layers: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in adapters.items():
         layer, _, rest = name.partition(".lora_")
@@ -62,7 +63,7 @@ def updates(adapters: Mapping[str, torch.Tensor], scale: float) -> dict[str, tor
     for weight, pair in layers.items():
         if set(pair) != {"A", "B"}:
             raise KeyError(f"adapter of {weight} incomplete: got {sorted(pair)}, expected A and B")
-        out[weight] = scale * (pair["B"] @ pair["A"])
+        out[weight] = (pair["A"], pair["B"])
     return out
 
 
