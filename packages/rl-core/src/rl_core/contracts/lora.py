@@ -70,21 +70,14 @@ def pairs(adapters: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor,
 def merged(state: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """A ``peft`` model's full weights as the plain model's: each adapted layer's weight W + scale * B @ A, names
     without ``peft``'s prefix and infixes (what ``from_pretrained`` of the base architecture loads)."""
+    adapters = pairs({name: t for name, t in state.items() if is_adapter(name)})
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if is_adapter(name):
             continue
         plain = plain_name(name)
-        if BASE_LAYER in name and name.endswith(".weight"):
-            layer = name[: name.index(BASE_LAYER)]
-            a, b = _adapter(state, layer, "lora_A"), _adapter(state, layer, "lora_B")
+        if BASE_LAYER in name and plain in adapters:
+            a, b = adapters[plain]
             tensor = tensor + scale * (b.to(tensor.dtype) @ a.to(tensor.dtype))
         out[plain] = tensor
     return out
-
-
-def _adapter(state: Mapping[str, torch.Tensor], layer: str, which: str) -> torch.Tensor:
-    names = [n for n in state if n.startswith(f"{layer}.{which}.") and n.endswith(".weight")]
-    if len(names) != 1:
-        raise KeyError(f"expected one {which} weight for {layer}, found {names}")
-    return state[names[0]]
