@@ -2,9 +2,13 @@
 
 The same GRPO work as bench/grpo_vs_trl.py (8 prompts x 8 generations, 64 new tokens, fp32, KL 0) on the small model
 (~25M), with rank-16 adapters on every linear layer. Both of our sides use the HF engine (it takes adapter-only
-refits; vLLM takes merged weights here). Reported per side: the refit's bytes and milliseconds (median of the step
-refits), the trainer's memory for parameters + gradients + optimizer state (AdamW: two fp32 moments), counted from
-the tensors the trainer holds, and the median step time; TRL's step time with the same LoRA config.
+refits and merges them onto the base weights it keeps). Reported per side: the refit's bytes and milliseconds over two
+routes (median of refits after each repetition, timed at the driver from packing to the engine's return):
+``host_shm``, one copy through shared memory (same host), and ``broadcast``, the collective a run whose engines sit
+on other hosts uses; the trainer's memory for parameters + gradients + optimizer state (AdamW: two fp32 moments),
+counted from the tensors the trainer holds; the median step time; TRL's step time with the same LoRA config. And why
+the engine merges: the same generate with the adapters unmerged (a ``peft`` model, one process, one thread) against
+the plain model.
 
     python bench/lora.py [--model small] [--reps 2] [--steps 6] [--rank 16]
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +51,67 @@ def trainer_bytes(model: Path, rank: int | None) -> dict[str, int]:
     return {"parameters": params, "gradients": trained, "optimizer_state": 2 * trained, "total": params + 3 * trained}
 
 
+ROUTES = ("host_shm", "broadcast")
+
+
 class OursRefit(Ours):
-    """Our GRPO step, and each step's refit: bytes and seconds as the engine reports them."""
+    """Our GRPO step, and refits after each repetition over each route: bytes, and seconds at the driver."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.refits: list[tuple[int, float]] = []
+        self.refits: dict[str, list[tuple[int, float]]] = {route: [] for route in ROUTES}
 
     def run(self, steps: int) -> list[float]:
-        from rl_core.training.rollouts import refit
+        from rl_core.contracts.refit import RefitRoute
 
         times = super().run(steps)
-        for _ in range(3):
-            stats_ = refit(self.ctx)
-            self.refits.append((stats_.num_bytes, stats_.seconds))
+        engine, backend = self.ctx.engine, self.ctx.backend
+        assert engine is not None
+        for route in ROUTES:
+            ask = RefitRoute(
+                kind=route,  # type: ignore[arg-type]
+                receivers=tuple(engine.weight_receivers()),
+                adapters_only=self.ctx.config.policy.lora.enabled,
+            )
+            for _ in range(3):
+                start = time.perf_counter()
+                stats_ = engine.update_weights(backend.weights_for_refit(ask))
+                self.refits[route].append((stats_.num_bytes, time.perf_counter() - start))
         return times
+
+
+def unmerged_decode(model: Path, rank: int, reps: int = 4) -> dict[str, float]:
+    """Seconds of one HF generate (64 rows x 64 new tokens, one thread), plain model vs the same with unmerged
+    rank-``rank`` adapters (``peft``), alternately: what decoding would cost an engine that applied adapters instead
+    of merging them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.base.schema import LoraConfig
+    from rl_core.contracts import lora
+
+    torch.set_num_threads(1)
+    plain: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    adapted: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    adapted = lora.wrap(adapted, LoraConfig(enabled=True, rank=rank, alpha=2 * rank), trainable=False).eval()
+    ids = torch.randint(5, 500, (64, 20), generator=torch.Generator().manual_seed(0))
+
+    def seconds(m: Any) -> list[float]:
+        start = time.perf_counter()
+        with torch.no_grad():
+            m.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=64,
+                min_new_tokens=64,
+                do_sample=True,
+                pad_token_id=1,
+            )
+        return [time.perf_counter() - start]
+
+    times = alternate({"plain": lambda: seconds(plain), "unmerged": lambda: seconds(adapted)}, reps)
+    p, u = statistics.median(times["plain"]), statistics.median(times["unmerged"])
+    return {"plain_s": p, "unmerged_s": u, "slowdown": u / p}
 
 
 class TRLLora(TRL):
@@ -100,43 +151,52 @@ def main() -> None:
     memory = {"ours LoRA": trainer_bytes(model, args.rank), "ours full": trainer_bytes(model, None)}
     refits = {"ours LoRA": adapters.refits, "ours full": full.refits}
     results: dict[str, Any] = {"model": args.model, "rank": args.rank, "sides": {}}
-    rows = []
     for side, samples in times.items():
         entry: dict[str, Any] = {"step_s": stats(samples)}
         if side in refits:
-            entry["refit_bytes"] = statistics.median(b for b, _ in refits[side])
-            entry["refit_ms"] = 1000 * statistics.median(s for _, s in refits[side])
+            entry["refit_bytes"] = statistics.median(b for b, _ in refits[side][ROUTES[0]])
+            entry["refit_ms"] = {r: 1000 * statistics.median(s for _, s in refits[side][r]) for r in ROUTES}
             entry["trainer_bytes"] = memory[side]
         results["sides"][side] = entry
     lo, fu, tr = (results["sides"][k] for k in ("ours LoRA", "ours full", "TRL LoRA"))
     results["refit_bytes_ratio"] = lo["refit_bytes"] / fu["refit_bytes"]
-    results["refit_speedup"] = fu["refit_ms"] / lo["refit_ms"]
+    results["refit_speedup"] = {r: fu["refit_ms"][r] / lo["refit_ms"][r] for r in ROUTES}
     results["trainer_memory_ratio"] = lo["trainer_bytes"]["total"] / fu["trainer_bytes"]["total"]
     results["lora_vs_trl_lora_speedup"] = tr["step_s"]["median"] / lo["step_s"]["median"]
-    for side in ("ours LoRA", "ours full", "TRL LoRA"):
-        e = results["sides"][side]
-        s = e["step_s"]
-        rows.append(
-            (
-                side,
-                f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})",
-                f"{e['refit_bytes'] / 1e6:.2f} MB" if "refit_bytes" in e else "-",
-                f"{e['refit_ms']:.1f}" if "refit_ms" in e else "-",
-                f"{e['trainer_bytes']['total'] / 1e6:.1f} MB" if "trainer_bytes" in e else "-",
-            )
-        )
+    results["unmerged_decode"] = unmerged_decode(model, args.rank)
     write(
         "lora",
         results,
-        rows,
-        ("side", "s/step (min-max)", "refit bytes", "refit ms (median)", "trainer params+grads+AdamW"),
-        notes=f"{args.model} model, rank {args.rank} on all linear layers, 8 prompts x 8 generations, 64 new tokens, fp32,"
-        f" {args.steps} steps x {args.reps} repetitions (first of each left out); our refits: 3 after each repetition,"
-        f" into the HF engine. LoRA refit moves {results['refit_bytes_ratio']:.1%} of a full refit's bytes; full refit "
-        f"time / LoRA refit time: {results['refit_speedup']:.2f}x (the engine merges the adapters onto every adapted "
-        f"weight, a pass over each, where a same-host full refit is one copy); trainer memory {results['trainer_memory_ratio']:.1%} of full "
-        f"fine-tuning's; our LoRA step vs TRL GRPOTrainer with the same peft_config: "
-        f"**{results['lora_vs_trl_lora_speedup']:.2f}x**.",
+        [row(side, results["sides"][side]) for side in ("ours LoRA", "ours full", "TRL LoRA")],
+        ("side", "s/step (min-max)", "refit bytes", *(f"refit ms, {r}" for r in ROUTES), "trainer params+grads+AdamW"),
+        notes=notes(args, results),
+    )
+
+
+def row(side: str, e: dict[str, Any]) -> tuple[str, ...]:
+    s = e["step_s"]
+    return (
+        side,
+        f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})",
+        f"{e['refit_bytes'] / 1e6:.2f} MB" if "refit_bytes" in e else "-",
+        *(f"{e['refit_ms'][r]:.1f}" if "refit_ms" in e else "-" for r in ROUTES),
+        f"{e['trainer_bytes']['total'] / 1e6:.1f} MB" if "trainer_bytes" in e else "-",
+    )
+
+
+def notes(args: argparse.Namespace, results: dict[str, Any]) -> str:
+    speedup, dec = results["refit_speedup"], results["unmerged_decode"]
+    return (
+        f"{args.model} model, rank {args.rank} on all linear layers, 8 prompts x 8 generations, 64 new tokens, fp32,"
+        f" {args.steps} steps x {args.reps} repetitions (first of each left out); refits: 3 per route after each"
+        f" repetition, into the HF engine, timed at the driver. LoRA refit moves {results['refit_bytes_ratio']:.1%}"
+        f" of a full refit's bytes; full refit time / LoRA refit time: {speedup['host_shm']:.2f}x over host_shm"
+        f" (same host: one copy, where the engine's merge is a pass over every adapted weight), "
+        f"{speedup['broadcast']:.2f}x over broadcast (the route to engines on other hosts). Applying the adapters"
+        f" unmerged instead would cost every generate {dec['slowdown']:.2f}x the plain model's time"
+        f" ({dec['unmerged_s']:.2f} s vs {dec['plain_s']:.2f} s for 64 x 64 tokens on one thread). Trainer memory"
+        f" {results['trainer_memory_ratio']:.1%} of full fine-tuning's; our LoRA step vs TRL GRPOTrainer with the"
+        f" same peft_config: **{results['lora_vs_trl_lora_speedup']:.2f}x**."
     )
 
 

@@ -68,24 +68,62 @@ def wait_gone(processes: list, seconds: float = 30.0) -> list:
     return alive
 
 
+@pytest.fixture(scope="module")
+def lora_recipe_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, float]:
+    """The LoRA recipe (examples/configs/grpo_lora.yaml) with the Hugging Face generate engine, run once: its folder,
+    its output and its seconds. Its warm-up model and its trained model are the distillation test's student and
+    teacher."""
+    run = tmp_path_factory.mktemp("lora_recipe") / "run"
+    begun = time.monotonic()
+    out = finish(start(run, "policy.generation.backend=hf", config=ROOT / "examples/configs/grpo_lora.yaml"))
+    return run, out, time.monotonic() - begun
+
+
+def heldout(run: Path) -> tuple[float, float]:
+    rows = metrics(run)
+    return rows[0]["val/reward"], rows[max(rows)]["val/reward"]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "hf-lora"])
-def test_default_recipe_improves_heldout_reward(tmp_path: Path, engine: str):
+def test_default_recipe_improves_heldout_reward(request: pytest.FixtureRequest, tmp_path: Path, engine: str):
     """The README's main job with vLLM (the default), and its LoRA recipe (examples/configs/grpo_lora.yaml) with the
     Hugging Face generate engine: the README's figures (held-out reward 0.542 before GRPO, 1.000 after). The warm-up
     teaches the format only, so the model starts at chance (within [0.35, 0.65] of 83 prompts) and GRPO, of all
     weights or of adapters alone, must take it to >= 0.95."""
-    lora = engine == "hf-lora"
-    overrides = ["policy.generation.backend=hf"] if lora else []
-    begun = time.monotonic()
-    out = finish(start(tmp_path / "run", *overrides, config=ROOT / "examples/configs/grpo_lora.yaml" if lora else None))
+    if engine == "hf-lora":
+        run, out, seconds = request.getfixturevalue("lora_recipe_run")
+    else:
+        run, begun = tmp_path / "run", time.monotonic()
+        out, seconds = finish(start(run)), time.monotonic() - begun
     engine = engine.removesuffix("-lora")
     assert "training backend: dtensor (priority 100" in out and f"rollout engine: {engine}" in out
     assert "warning" not in out.lower() and all(len(line) < 400 for line in out.splitlines()), out[-3000:]
-    rows = metrics(tmp_path / "run")
-    before, after = rows[0]["val/reward"], rows[max(rows)]["val/reward"]
-    print(f"{engine}: held-out reward before GRPO {before:.3f}, after {after:.3f}, {time.monotonic() - begun:.0f} s")
+    before, after = heldout(run)
+    print(f"{engine}: held-out reward before GRPO {before:.3f}, after {after:.3f}, {seconds:.0f} s")
     assert 0.35 <= before <= 0.65, f"the warm-up should leave the model at chance, not {before:.3f}"
     assert after >= 0.95, f"held-out reward did not reach the README's figure: {before:.3f} -> {after:.3f}"
+
+
+def test_distillation_recipe_lifts_the_student_to_its_teacher(lora_recipe_run: tuple, tmp_path: Path):
+    """examples/configs/distill.yaml with the LoRA recipe's models: its warm-up model (at chance) is the student, its
+    GRPO-trained model the teacher; the teacher's per-token signal alone (no task reward) must lift the student's
+    held-out reward from chance to >= 0.9 (the docs' figure), and the reverse KL to the teacher must fall."""
+    teacher = lora_recipe_run[0]
+    run = tmp_path / "distill"
+    overrides = [
+        "warmup_recipe=null",  # the recipe's own warm-up would remake the same student
+        f"policy.model_name={teacher / 'warmup' / 'final'}",
+        f"policy.reference_model_name={teacher / 'final'}",
+        "policy.generation.backend=hf",
+        "logger.progress=false",
+    ]
+    finish(start(run, *overrides, config=ROOT / "examples/configs/distill.yaml"))
+    before, after = heldout(run)
+    rows = metrics(run)
+    kl = [rows[s]["distill/reverse_kl"] for s in sorted(rows) if "distill/reverse_kl" in rows[s]]
+    print(f"distill: held-out reward {before:.3f} -> {after:.3f}; reverse KL {kl[0]:.3f} -> {kl[-1]:.3f}")
+    assert 0.35 <= before <= 0.65 and after >= 0.9, (before, after)
+    assert kl[-1] < kl[0] / 2, kl
 
 
 #: the SIGKILL test trains LoRA adapters (the asynchronous GRPO test's SIGKILL trains all weights): their checkpoint

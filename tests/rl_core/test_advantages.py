@@ -5,7 +5,12 @@ import math
 import pytest
 import torch
 
-from rl_core.training.advantages import group_advantages, kl_penalized_rewards, overlong_penalty
+from rl_core.training.advantages import (
+    distillation_advantages,
+    group_advantages,
+    kl_penalized_rewards,
+    overlong_penalty,
+)
 
 REWARDS = torch.tensor(
     [
@@ -59,3 +64,29 @@ def test_overlong_penalty():
     # max 10, buffer 4: no penalty up to 6; 8 -> -0.5 * 1; 10 and beyond -> -1
     out = overlong_penalty(torch.tensor([3, 6, 8, 10, 12]), max_length=10, buffer=4, penalty=1.0)
     assert out.tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
+
+
+STUDENT = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-3.0, -0.1, 0.0, 0.0]])  # [N=2, T=4] sampled tokens' logprobs
+TEACHER = torch.tensor([[-0.5, -4.0, -0.5, -7.0], [-1.0, -0.1, -2.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])  # row 0: 3 response tokens; row 1: 1, mid-row
+
+
+def test_distillation_advantage_is_each_tokens_negative_reverse_kl():
+    # -(s - t): row 0: -(-1 + 0.5) = 0.5, -(-2 + 4) = -2, -(-0.5 + 0.5) = 0, padding 0
+    # row 1: only token 1 counts: -(-0.1 + 0.1) = 0; the teacher's -2 on a masked token is ignored
+    out = distillation_advantages(STUDENT, TEACHER, MASK)
+    torch.testing.assert_close(out, torch.tensor([[0.5, -2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_distillation_advantage_mixes_a_task_advantage_per_sample():
+    # w = 0.5, task A = [1, -2]: row 0 adds 0.5 to each response token; row 1 adds -1 to its one token
+    out = distillation_advantages(STUDENT, TEACHER, MASK, torch.tensor([1.0, -2.0]), 0.5)
+    torch.testing.assert_close(out, torch.tensor([[1.0, -1.5, 0.5, 0.0], [0.0, -1.0, 0.0, 0.0]]))
+    # weight 0: the task advantage is ignored entirely
+    assert distillation_advantages(STUDENT, TEACHER, MASK, torch.tensor([1.0, -2.0]), 0.0).equal(
+        distillation_advantages(STUDENT, TEACHER, MASK)
+    )
+
+
+def test_distillation_advantage_is_zero_where_student_and_teacher_agree():
+    assert distillation_advantages(STUDENT, STUDENT, torch.ones_like(MASK)).abs().max() == 0

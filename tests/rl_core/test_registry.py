@@ -185,3 +185,21 @@ def test_what_a_component_declares_it_does_not_support_is_refused_before_anythin
     with pytest.raises(ConfigError, match=r"engine 'shm' receives weights only over host_shm"):
         check_declared(broadcast, None, shm_only)
     check_declared(broadcast, None, attrs.evolve(shm_only, refit_routes=("host_shm", "broadcast")))
+
+
+def test_a_reference_model_is_refused_for_a_backend_that_loads_none(make_config, tiny_model_path):
+    """``policy.reference_model_name`` (distillation's teacher) only for a backend declaring ``reference_model``;
+    and the distillation loop refuses to start without one, naming the key."""
+    import attrs
+
+    from rl_core.algorithms import distill
+    from rl_core.plugins.selection import check_declared
+
+    plain = TrainingBackendSpec(name="plain", factory=object)
+    teacher = make_config(f"policy.reference_model_name={tiny_model_path}")
+    with pytest.raises(ConfigError, match=r"policy.reference_model_name is set, but training backend 'plain' loads"):
+        check_declared(teacher, plain, None)
+    check_declared(teacher, attrs.evolve(plain, reference_model=True), None)
+    with pytest.raises(ConfigError, match=r"algorithm distill needs a teacher: set policy.reference_model_name"):
+        distill.check(make_config("algorithm=distill"), "cpu")
+    distill.check(make_config("algorithm=distill", f"policy.reference_model_name={tiny_model_path}"), "cpu")

@@ -20,6 +20,7 @@ def make_backend(config: Config, section: DTensorConfig) -> GroupBackend:
     check_model_folder(policy.model_name, trust_remote_code=policy.trust_remote_code)
     run_dir = Path(config.run_dir).resolve()
     # the run folder (checkpoints) once the driver has made it: every node must see the same one
-    paths = [policy.model_name, *[str(p) for p in [run_dir] if p.is_dir()]]
+    models = [policy.model_name, *([policy.reference_model_name] if policy.reference_model_name else [])]
+    paths = [*models, *[str(p) for p in [run_dir] if p.is_dir()]]
     group, _setup = start_ranks(DTensorWorker, config, {"cfg": section}, required_paths=paths)
     return GroupBackend(group, policy, check_checkpoint=_check_checkpoint)

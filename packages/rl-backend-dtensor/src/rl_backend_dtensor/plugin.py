@@ -17,6 +17,7 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             factory=lazy("rl_backend_dtensor.backend:make_backend"),
             description="PyTorch FSDP2 (DTensor) over Hugging Face models",
             lora=True,
+            reference_model=True,
             package="rl-backend-dtensor",
         )
     ]

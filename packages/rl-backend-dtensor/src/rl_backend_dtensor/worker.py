@@ -83,11 +83,14 @@ class DTensorWorker:
         }
 
     def _load(self, *, trainable: bool) -> Any:
+        """The policy (``trainable``), or the reference: ``policy.reference_model_name`` if set, else the policy's
+        starting weights."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM
 
+        path = self.model_path if trainable else self.policy.reference_model_name or self.model_path
         model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=torch.float32, trust_remote_code=self.policy.trust_remote_code
+            path, dtype=torch.float32, trust_remote_code=self.policy.trust_remote_code
         )
         if trainable and self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -148,7 +151,7 @@ class DTensorWorker:
 
     @torch.no_grad()
     def logprobs(self, shard: B.Batch, reference: bool = False) -> torch.Tensor:
-        if reference and self.lora.enabled:  # the base model: the adapters switched off, no second copy
+        if reference and self.lora.enabled and not self.policy.reference_model_name:  # the base: adapters off
             with self.model.disable_adapter():
                 return self._all_logprobs(self.model, shard)
         if reference and self.reference is None:

@@ -183,7 +183,9 @@ class HfWorker:
         for name, (a, b) in lora.pairs(adapters).items():
             if name not in params:
                 raise InputError(f"refit sent an adapter for {name}, which the model does not have")
-            base = self.base_weights.setdefault(name, params[name].detach().clone())
+            base = self.base_weights.get(name)
+            if base is None:  # the first adapter refit: keep the base weight (later ones reuse it, no copy)
+                base = self.base_weights[name] = params[name].detach().clone()
             torch.addmm(base, b.to(base.dtype), a.to(base.dtype), alpha=self.adapter_scale, out=params[name].data)
 
     def _tied(self) -> set[str]:

@@ -20,25 +20,14 @@ request; the reward model's ``inference_micro_batch_size`` x its replicas must n
 
 from __future__ import annotations
 
-import time
-
 import attrs
 
 from rl_core.base.schema import Config, LossConfig, RolloutLoopConfig
 from rl_core.data.prompts import EpochSampler
 from rl_core.training import advantages as adv
-from rl_core.training.context import Phases, RunContext
-from rl_core.training.health import engine_drift, logprob_mismatch
-from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.context import RunContext
 from rl_core.training.losses import ClippedPGLoss
-from rl_core.training.rollouts import (
-    generate_and_score,
-    refit,
-    rollout_batch,
-    rollout_metrics,
-    sampling,
-    validate_rollouts,
-)
+from rl_core.training.onpolicy import run_on_policy, sample, update
 
 
 @attrs.frozen(kw_only=True)
@@ -62,16 +51,7 @@ def check(config: Config, device: str) -> None:
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: ReinforceConfig = ctx.config.section("reinforce")
     loss_fn = ClippedPGLoss(cfg=REINFORCE_LOSS)
-    return run_loop(
-        ctx,
-        rows_per_step=cfg.num_prompts_per_step,
-        total_steps=cfg.max_num_steps,
-        step_fn=lambda sampler, step: reinforce_step(ctx, cfg, sampler, loss_fn, step),
-        validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
-        val_period=cfg.val_period,
-        val_at_start=cfg.val_at_start,
-        max_val_samples=cfg.max_val_samples,
-    )
+    return run_on_policy(ctx, cfg, lambda sampler, step: reinforce_step(ctx, cfg, sampler, loss_fn, step))
 
 
 def reinforce_step(
@@ -79,40 +59,16 @@ def reinforce_step(
 ) -> dict[str, float]:
     import torch
 
-    phases = Phases()
-    start = time.perf_counter()
-    G = cfg.num_generations_per_prompt
-    params = sampling(ctx, G, seed=ctx.config.seed * 100_003 + step)
-    scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
-    ctx.keep_samples(step, scored.transcripts)
-    gen_seconds = time.perf_counter() - start
-    batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
-    with phases("logprobs"):
-        logprobs = ctx.backend.logprobs(batch)
-    health = logprob_mismatch(ctx, batch["generation_logprobs"], logprobs, batch["loss_mask"])
-    with phases("reference_logprobs"):
+    on = sample(ctx, cfg, sampler, step)
+    batch, logprobs = on.batch, on.logprobs
+    with on.phases("reference_logprobs"):
         reference = ctx.backend.reference_logprobs(batch)
-    raw = torch.tensor(scored.rewards, dtype=torch.float32)  # [P*G]
+    raw = torch.tensor(on.scored.rewards, dtype=torch.float32)  # [P*G]
     rewards = adv.kl_penalized_rewards(raw, logprobs, reference, batch["loss_mask"], cfg.initial_policy_kl_penalty)
-    P = len(scored.examples)
+    P, G = len(on.scored.examples), cfg.num_generations_per_prompt
     advantages = adv.group_advantages(
         rewards.view(P, G), torch.ones(P, G, dtype=torch.bool), leave_one_out=True, normalize=False
     )  # [P, G]
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]
-    with phases("train"):
-        train_metrics = ctx.backend.train(batch, loss_fn)
-    engine_drift(train_metrics)  # measured before the update, above
-    with phases("refit"):
-        refit_stats = refit(ctx)
     kl = ((logprobs - reference) * batch["loss_mask"]).sum(1).mean()
-    return {
-        **rollout_metrics(scored, gen_seconds),
-        "reward_with_kl": float(rewards.mean()),
-        "train/kl": float(kl),
-        **prefixed("train", train_metrics),
-        **health,
-        "refit/bytes": float(refit_stats.num_bytes),
-        "refit/seconds": refit_stats.seconds,
-        **phases.metrics(),
-        "time/step": time.perf_counter() - start,
-    }
+    return {**update(ctx, on, loss_fn), "reward_with_kl": float(rewards.mean()), "train/kl": float(kl)}

@@ -113,6 +113,9 @@ class PolicyConfig:
     model_name: str
     #: tokenizer folder; unset, the model's own.
     tokenizer_name: str | None = None
+    #: the reference policy's model (a local Hugging Face folder or ``tiny:NAME``, same vocabulary); unset, the
+    #: policy's own starting weights (with LoRA: the base, adapters off). On-policy distillation's teacher.
+    reference_model_name: str | None = None
     #: name of a training backend; overrides priority selection.
     backend: str | None = None
     #: training ranks (data parallel).

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import attrs
 
 from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreError
-from rl_core.base.schema import Config, LoggerConfig, dump_yaml, to_dict
+from rl_core.base.schema import Config, LoggerConfig, PolicyConfig, dump_yaml, to_dict
 from rl_core.config.loader import load_config
 from rl_core.config.recipes import resolve_recipe
 from rl_core.contracts.protocols import MetricsLogger
@@ -107,7 +107,8 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     # a checkpoint holds the weights and AdamW's two moments in fp32: about 3x the fp32 model, counted twice to
     # leave room for the next one being written
     check_run_folder(run_dir, need_bytes=6 * _model_bytes(model) if config.checkpointing.enabled else 0)
-    config = attrs.evolve(config, policy=attrs.evolve(policy, model_name=model))
+    policy = attrs.evolve(policy, model_name=model)
+    config = attrs.evolve(config, policy=attrs.evolve(policy, reference_model_name=reference(policy)))
     selections = select(config, registry, device)
     for split in ("train", "val"):
         load_split(config.data, split)  # missing files, unreadable JSONL, a missing prompt field: now
@@ -121,6 +122,28 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
 
     torch.manual_seed(config.seed)
     return PreparedRun(config=config, run_dir=run_dir, device=device, selections=selections)
+
+
+def reference(policy: PolicyConfig) -> str | None:
+    """``policy.reference_model_name`` resolved to a folder, checked to be a causal LM with the policy's vocabulary
+    (its logprobs are compared token by token with the policy's)."""
+    if policy.reference_model_name is None:
+        return None
+    key = "policy.reference_model_name"
+    path = resolve_model_path(policy.reference_model_name, key)
+    check_model_folder(path, key=key, trust_remote_code=policy.trust_remote_code)
+    from transformers import AutoConfig
+
+    sizes = [
+        AutoConfig.from_pretrained(p, trust_remote_code=policy.trust_remote_code).vocab_size
+        for p in (policy.model_name, path)
+    ]
+    if sizes[0] != sizes[1]:
+        raise InputError(
+            f"{key}: {path} has a vocabulary of {sizes[1]} tokens, the policy ({policy.model_name}) {sizes[0]}; the "
+            "reference must share the policy's tokenizer"
+        )
+    return path
 
 
 def check_lengths(config: Config, model: str, *, rollouts: bool) -> None:

@@ -1,4 +1,4 @@
-"""The core's own plugin (entry point ``core``, loaded like any other): the four algorithm loops, the rule-based
+"""The core's own plugin (entry point ``core``, loaded like any other): the five algorithm loops, the rule-based
 reward sources, the optional metrics loggers and the plain ``rl_step``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_core.algorithms import dpo, grpo, reinforce, sft
+from rl_core.algorithms import distill, dpo, grpo, reinforce, sft
 from rl_core.base.schema import Config
 from rl_core.contracts.protocols import MetricsLogger, RewardSource
 from rl_core.outputs.metrics import MlflowLogger, TensorBoardLogger, WandbLogger
@@ -38,6 +38,15 @@ def rl_algorithms() -> list[AlgorithmSpec]:
             config_key="reinforce",
             config_class=reinforce.ReinforceConfig,
             description="REINFORCE, RLOO baseline, KL to the initial policy in the reward",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="distill",
+            run=distill.run,
+            check=distill.check,
+            config_key="distill",
+            config_class=distill.DistillConfig,
+            description="on-policy distillation: per-token reverse KL to a teacher (policy.reference_model_name)",
             package="rl-core",
         ),
         AlgorithmSpec(

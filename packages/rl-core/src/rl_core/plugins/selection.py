@@ -101,7 +101,8 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
 
 def check_declared(config: Config, backend: ComponentSpec | None, engine: ComponentSpec | None) -> None:
     """The config asks nothing the chosen components declare they do not support: more ranks than a backend's
-    ``max_ranks``, LoRA of a backend without ``lora``, a weight transport an engine's ``refit_routes`` leave out."""
+    ``max_ranks``, LoRA of a backend without ``lora``, a reference model of one without ``reference_model``, a
+    weight transport an engine's ``refit_routes`` leave out."""
     ranks = config.policy.num_workers
     if isinstance(backend, TrainingBackendSpec) and backend.max_ranks is not None and ranks > backend.max_ranks:
         raise ConfigError(
@@ -112,6 +113,11 @@ def check_declared(config: Config, backend: ComponentSpec | None, engine: Compon
         raise ConfigError(
             f"policy.lora.enabled is true, but training backend {backend.name!r} does not train LoRA adapters; "
             "choose one that does (policy.backend=dtensor), or train all weights (policy.lora.enabled=false)"
+        )
+    if isinstance(backend, TrainingBackendSpec) and config.policy.reference_model_name and not backend.reference_model:
+        raise ConfigError(
+            f"policy.reference_model_name is set, but training backend {backend.name!r} loads no reference model "
+            "other than the policy's own; choose one that does (policy.backend=dtensor), or unset it"
         )
     named = config.policy.generation.weight_transport
     if isinstance(engine, RolloutEngineSpec) and named is not None and named not in engine.refit_routes:

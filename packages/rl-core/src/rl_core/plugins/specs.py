@@ -80,6 +80,10 @@ class TrainingBackendSpec(ComponentSpec):
     #: whether it trains LoRA adapters (``policy.lora``); a LoRA config for one that does not is refused before
     #: workers start.
     lora: bool = False
+    #: whether it loads a reference policy other than the policy's starting weights (``policy.
+    #: reference_model_name``: a teacher); a config naming one for a backend that does not is refused before
+    #: workers start.
+    reference_model: bool = False
     #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
     #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
     #: default fits backends that use the core's ``policy.optimizer``.

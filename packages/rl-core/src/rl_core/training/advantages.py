@@ -59,3 +59,21 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalt
     0 up to ``max_length - buffer``; then falling linearly to ``-penalty`` at ``max_length``; ``-penalty`` beyond."""
     start = max_length - buffer
     return -penalty * ((lengths.float() - start) / max(buffer, 1)).clamp(0.0, 1.0)
+
+
+def distillation_advantages(
+    logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    task_advantages: torch.Tensor | None = None,
+    task_weight: float = 0.0,
+) -> torch.Tensor:
+    """On-policy distillation's per-token advantage: the negative reverse KL of each sampled token (the student's
+    own samples), optionally plus a weighted task advantage of the whole sample.
+    ``A_it = m_it * (-(log pi(x_it) - log pi_T(x_it)) + w * A_i)``; ``logprobs``, ``teacher_logprobs``, ``mask``
+    ``[N, T]``, ``task_advantages [N]`` -> ``[N, T]``. Each token's own term only (no sum over later tokens): its
+    expectation under the student is the reverse KL ``KL(pi || pi_T)`` at that position."""
+    adv = -(logprobs - teacher_logprobs)  # [N, T]
+    if task_advantages is not None and task_weight:
+        adv = adv + task_weight * task_advantages[:, None]
+    return adv * mask

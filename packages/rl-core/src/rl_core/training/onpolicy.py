@@ -1,0 +1,99 @@
+"""What REINFORCE and on-policy distillation share: a step's first half (``sample``: rollouts of the current policy,
+scored, batched, with the trainer's logprobs and their health check), its second half (``update``: one update over
+the batch, then the refit), and their loop (``run_on_policy``). Each algorithm puts its own advantages between the
+two halves."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from rl_core.base.schema import RolloutLoopConfig
+from rl_core.contracts.batch import PolicyGradientBatch
+from rl_core.data.prompts import EpochSampler
+from rl_core.training.context import Phases, RunContext
+from rl_core.training.health import engine_drift, logprob_mismatch
+from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.losses import ClippedPGLoss
+from rl_core.training.rollouts import (
+    ScoredRollouts,
+    generate_and_score,
+    refit,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+    validate_rollouts,
+)
+
+
+@attrs.frozen(kw_only=True)
+class OnPolicyBatch:
+    """A step's rollouts: ``batch`` (advantages to be added), the trainer's ``logprobs [N, T]`` of it, the metrics so
+    far (rollouts, health) and the step's phase timer and start."""
+
+    scored: ScoredRollouts
+    batch: PolicyGradientBatch
+    logprobs: Any
+    metrics: dict[str, float]
+    phases: Phases
+    start: float
+
+
+def run_on_policy(
+    ctx: RunContext, cfg: RolloutLoopConfig, step: Callable[[EpochSampler, int], dict[str, float]]
+) -> dict[str, float]:
+    """``step(sampler, step)`` for ``cfg.max_num_steps`` steps of ``cfg.num_prompts_per_step`` prompts, greedy
+    validation on held-out prompts every ``cfg.val_period``."""
+    return run_loop(
+        ctx,
+        rows_per_step=cfg.num_prompts_per_step,
+        total_steps=cfg.max_num_steps,
+        step_fn=step,
+        validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
+        val_period=cfg.val_period,
+        val_at_start=cfg.val_at_start,
+        max_val_samples=cfg.max_val_samples,
+    )
+
+
+def sample(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSampler, step: int) -> OnPolicyBatch:
+    """The next prompts x ``num_generations_per_prompt`` samples of the current policy, scored and batched, with the
+    trainer's logprobs and the engine/trainer mismatch check."""
+    phases = Phases()
+    start = time.perf_counter()
+    params = sampling(ctx, cfg.num_generations_per_prompt, seed=ctx.config.seed * 100_003 + step)
+    scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
+    ctx.keep_samples(step, scored.transcripts)
+    gen_seconds = time.perf_counter() - start
+    batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
+    with phases("logprobs"):
+        logprobs = ctx.backend.logprobs(batch)
+    health = logprob_mismatch(ctx, batch["generation_logprobs"], logprobs, batch["loss_mask"])
+    return OnPolicyBatch(
+        scored=scored,
+        batch=batch,
+        logprobs=logprobs,
+        metrics={**rollout_metrics(scored, gen_seconds), **health},
+        phases=phases,
+        start=start,
+    )
+
+
+def update(ctx: RunContext, on: OnPolicyBatch, loss_fn: ClippedPGLoss) -> dict[str, float]:
+    """One update over ``on.batch`` (its advantages set), the refit, and the step's metrics."""
+    with on.phases("train"):
+        train_metrics = ctx.backend.train(on.batch, loss_fn)
+    engine_drift(train_metrics)  # measured before the update, by the backend
+    with on.phases("refit"):
+        refit_stats = refit(ctx)
+    return {
+        **on.metrics,
+        **prefixed("train", train_metrics),
+        "refit/bytes": float(refit_stats.num_bytes),
+        "refit/seconds": refit_stats.seconds,
+        **on.phases.metrics(),
+        "time/step": time.perf_counter() - on.start,
+    }
