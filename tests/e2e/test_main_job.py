@@ -173,3 +173,33 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path
         for key in COMPARED:
             if key in expected[step]:
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: Path):
+    """``rl-core eval`` with its defaults (one greedy sample, the recipe's seed and validation rows) gives the run's
+    validation figure back exactly: of its warm-up model (a model folder, the built-in recipe) the step-0
+    val/reward (0.542, not a trivial 1.0). Of the finished run folder with -k 4 at temperature 1: pass@4 and maj@4
+    over 4 samples a row, each sample in samples.jsonl."""
+    run = lora_recipe_run[0]
+    cmd = [sys.executable, "-m", "rl_core.cli", "eval"]
+    greedy = subprocess.run(
+        [*cmd, str(run / "warmup" / "final"), "policy.generation.backend=hf", "-o", str(tmp_path / "greedy")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert greedy.returncode == 0, greedy.stdout[-3000:] + greedy.stderr[-3000:]
+    report = json.loads((tmp_path / "greedy" / "report.json").read_text())
+    assert report["reward"] == heldout(run)[0] and report["rows"] == 83, report
+    assert report["sampling"]["temperature"] == 0.0 and "pass@1" in greedy.stdout
+    sampled = subprocess.run(
+        [*cmd, str(run), "-k", "4", "--temperature", "1.0", "--json", "-o", str(tmp_path / "k4")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
+    report = json.loads((tmp_path / "k4" / "report.json").read_text())
+    samples = [json.loads(line) for line in (tmp_path / "k4" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 83 and samples[-1]["row"] == 82
+    assert report["pass@4"] >= report["maj@4"] and report["pass@4"] >= report["reward"] > 0.5, report

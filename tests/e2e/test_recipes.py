@@ -26,8 +26,9 @@ def recipes() -> list[Path]:
     return sorted(CONFIGS.glob("*.yaml"))
 
 
-#: recipes another test already runs as a user would: the default job written out as a file (test_main_job.py)
-RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm"}
+#: recipes another test already runs as a user would (test_main_job.py): the default job written out as a file, and
+#: distillation (it needs a trained teacher, which that file's LoRA recipe run gives it)
+RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill"}
 
 
 def test_every_recipe_is_headed_by_its_command():

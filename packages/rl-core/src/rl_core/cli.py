@@ -1,5 +1,5 @@
-"""The ``rl-core`` command line: ``run``, ``plugins``, ``certify``, ``plot``, ``config-reference``, plus plugin
-subcommands.
+"""The ``rl-core`` command line: ``run``, ``eval``, ``plugins``, ``certify``, ``plot``, ``config-reference``, plus
+plugin subcommands.
 
 Errors are one clear line (exit status 2), with the traceback only under ``--debug``; lines are never wrapped, so
 that piped output reads whole. ``--verbose`` shows third-party output (workers, vLLM, Ray) on the terminal too.
@@ -23,13 +23,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from rl_core.__about__ import __version__
-from rl_core.base.errors import RLCoreError
+from rl_core.base.errors import InputError, RLCoreError
 from rl_core.base.schema import dump_yaml
 from rl_core.certify import certify
 from rl_core.config.loader import load_config
 from rl_core.config.reference import config_reference
 from rl_core.data.prompts import load_split
 from rl_core.distributed.placement import detected_device, engine_layout, policy_layout
+from rl_core.launch.evaluate import EvalSettings, eval_folder, run_eval
 from rl_core.launch.run import check_loggers, run_config
 from rl_core.outputs.console import RunConsole
 from rl_core.outputs.logs import run_logs
@@ -242,6 +243,55 @@ def _global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+def _add_eval(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "eval",
+        parents=[common],
+        help="score a finished run's model (or any model folder) on held-out prompts: mean reward, pass@k, maj@k",
+        description="Generate k samples for each held-out prompt with any installed engine, score them with the "
+        "run's reward sources (or environment), and write OUT/report.json and OUT/samples.jsonl (OUT: RUN/eval, or "
+        "./eval for a model folder). With the defaults (one greedy sample, the run's seed and validation rows) it "
+        "gives the run's last val/reward back.",
+    )
+    p.add_argument("target", help="a run folder (its config and final/ model) or a Hugging Face model folder")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (data, reward, engine, seed)")
+    p.add_argument("-k", "--samples", type=int, default=1, help="samples per prompt (default 1)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: greedy for -k 1, else the run's)")
+    p.add_argument("--max-rows", type=int, help="held-out rows (default: as many as the run validated on)")
+    p.add_argument("--split", default="val", choices=["val", "train"])
+    p.add_argument("--threshold", type=float, default=1.0, help="a sample is correct when reward >= this (1.0)")
+    p.add_argument("-o", "--out", help="output folder")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace, registry: Registry) -> int:
+    if args.samples < 1:
+        raise InputError(f"--samples must be >= 1, not {args.samples}")
+    settings = EvalSettings(
+        k=args.samples,
+        temperature=args.temperature,
+        max_rows=args.max_rows,
+        split=args.split,
+        threshold=args.threshold,
+        out=Path(args.out).resolve() if args.out else None,
+    )
+    run_console = RunConsole(console, progress=False, verbose=args.verbose)
+    out = eval_folder(Path(args.target).resolve(), settings.out)
+    with run_logs(out, verbose=args.verbose or args.debug, packages=registry.packages()):
+        report = run_eval(Path(args.target), list(args.overrides or []), settings, registry, run_console)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    table = Table("metric", "value", title=f"{report['model']} on {report['rows']} {report['split']} rows")
+    for key, value in report.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4f}")
+    table.add_row("sampling", json.dumps(report["sampling"]))
+    console.print(table)
+    return 0
+
+
 def _add_certify(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "certify",
@@ -300,6 +350,7 @@ def build_parser(registry: Registry) -> argparse.ArgumentParser:
     p.add_argument("--explain", nargs="*", metavar="[CONFIG] [dotted.key=value ...]")
     p.set_defaults(handler=cmd_plugins)
 
+    _add_eval(sub, common)
     _add_certify(sub, common)
 
     p = sub.add_parser("plot", parents=[common], help="draw a run's reward, KL, loss and phase-time curves to a PNG")

@@ -175,14 +175,32 @@ def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> Polic
 
 
 def validate_rollouts(ctx: RunContext, rows: Sequence[Example], seed: int) -> dict[str, float]:
-    """Greedy generation on held-out prompts: mean reward and response length."""
+    """Greedy generation on held-out prompts: mean reward and response length (``rl-core eval`` with its defaults
+    runs the same code)."""
     if not rows:
         return {}
-    scored = generate_and_score(ctx, rows, sampling(ctx, 1, seed, greedy=True), Phases())
-    n = len(scored.rewards)
+    m = heldout_metrics(generate_and_score(ctx, rows, sampling(ctx, 1, seed, greedy=True), Phases()), 1)
+    return {"val/reward": m["reward"], "val/response_length": m["response_length"]}
+
+
+def heldout_metrics(scored: ScoredRollouts, k: int, threshold: float = 1.0) -> dict[str, float]:
+    """Of ``k`` samples per prompt (grouped by prompt): mean ``reward`` and ``response_length`` over all samples;
+    ``pass@k``, the fraction of prompts with a sample whose reward is >= ``threshold``; ``maj@k``, the fraction of
+    prompts whose most frequent response (stripped text; the first one on a tie) has such a reward."""
+    n = len(scored.rollouts)
+    prompts = n // k
+    passed = majority = 0
+    for p in range(prompts):
+        group = range(p * k, (p + 1) * k)
+        passed += any(scored.rewards[i] >= threshold for i in group)
+        texts = [scored.rollouts[i].text.strip() for i in group]
+        top = max(texts, key=texts.count)  # max keeps the first of equal counts
+        majority += scored.rewards[p * k + texts.index(top)] >= threshold
     return {
-        "val/reward": sum(scored.rewards) / n,
-        "val/response_length": sum(len(r.token_ids) for r in scored.rollouts) / n,
+        "reward": sum(scored.rewards) / n,
+        f"pass@{k}": passed / prompts,
+        f"maj@{k}": majority / prompts,
+        "response_length": sum(len(r.token_ids) for r in scored.rollouts) / n,
     }
 
 
