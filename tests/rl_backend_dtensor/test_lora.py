@@ -150,6 +150,25 @@ def test_sft_with_lora_certifies_as_an_algorithm(ray_session, rl_registry, tmp_p
     assert (tmp_path / "straight" / "final" / "adapter" / "adapter_config.json").is_file()
 
 
+def test_a_named_reference_model_is_the_reference_even_with_lora(
+    ray_session, rl_registry, tiny_model_path, tiny_llama_path, tokenizer, tmp_path
+):
+    """``policy.reference_model_name`` (distillation's teacher) is what ``reference_logprobs`` runs: another model's
+    logprobs (a Llama with the same tokenizer), not the base with the adapters off."""
+    backend = make_backend(
+        rl_registry, tiny_model_path, tmp_path / "run", f"policy.reference_model_name={tiny_llama_path}"
+    )
+    try:
+        nll = sample_batch(tokenizer)
+        teacher, base = hf_logprobs(tiny_llama_path, nll), hf_logprobs(tiny_model_path, nll)
+        reference = backend.reference_logprobs(nll)
+        assert float((reference - teacher).abs().max()) <= 1e-5
+        assert float((reference - base).abs().max()) > 1e-2
+        assert float((backend.logprobs(nll) - base).abs().max()) <= 1e-5  # the policy is still the base (B = 0)
+    finally:
+        backend.shutdown()
+
+
 def test_lora_on_a_backend_without_it_is_refused_before_anything_starts(rl_registry, make_config):
     from rl_core.plugins.selection import select
 
