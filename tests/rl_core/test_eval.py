@@ -56,3 +56,13 @@ def test_eval_refuses_an_unfinished_run_and_a_folder_that_is_neither(rl_registry
         eval_config(run, [], tmp_path / "out", rl_registry)
     with pytest.raises(InputError, match=r"neither a run folder \(config.yaml\) nor a model folder"):
         eval_config(tmp_path, [], tmp_path / "out", rl_registry)
+
+
+def test_eval_of_a_run_that_sampled_nothing_points_at_its_model_folder(rl_registry, tiny_model_path, tmp_path: Path):
+    import shutil
+
+    run = tmp_path / "sft_run"
+    shutil.copytree(tiny_model_path, run / "final")
+    (run / "config.yaml").write_text(f"algorithm: sft\npolicy: {{model_name: {tiny_model_path}}}\n")
+    with pytest.raises(InputError, match=r"is a run of sft, which samples nothing.*rl-core eval .*sft_run/final"):
+        eval_config(run, [], tmp_path / "out", rl_registry)

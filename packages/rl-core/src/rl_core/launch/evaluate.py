@@ -45,7 +45,7 @@ def eval_config(target: Path, overrides: list[str], out: Path, registry: Registr
     """A finished run folder: its config, with its ``final/`` model (merged, if it trained adapters) and no warm-up;
     any other folder: the built-in default recipe with that model. ``overrides`` last; the output folder is the
     run folder of the evaluation."""
-    fixed = [f"run_dir={out}", "warmup_recipe=null", "policy.reference_model_name=null"]
+    fixed = [f"run_dir={out}", "warmup_recipe=null"]
     if (target / "config.yaml").is_file():
         model = target / "final"
         if not (model / "config.json").is_file():
@@ -60,7 +60,14 @@ def eval_config(target: Path, overrides: list[str], out: Path, registry: Registr
         fixed.append(f"policy.model_name={target}")
     else:
         raise InputError(f"{target}: neither a run folder (config.yaml) nor a model folder (config.json)")
-    return load_config(recipe, [*fixed, *overrides], registry)
+    config = load_config(recipe, [*fixed, *overrides], registry)
+    if not registry.get(AlgorithmSpec, config.algorithm).uses_rollout:
+        raise InputError(
+            f"{target} is a run of {config.algorithm}, which samples nothing (no rollout engine, no reward sources in "
+            f"its config); evaluate its model as a model folder with the task's data and rewards: rl-core eval "
+            f"{target / 'final'} [data... reward... overrides]"
+        )
+    return config
 
 
 def default_rows(config: Config, registry: Registry) -> int | None:
