@@ -14,6 +14,7 @@ BENCHMARKS = [
     "async_grpo.py",
     "multi_turn.py",
     "lora.py",
+    "profile_train.py",
 ]
 
 if __name__ == "__main__":
