@@ -73,20 +73,17 @@ def model_folder(shape: dict[str, Any], tmp: Path) -> str:
 
 
 def profile(name: str, shape: dict[str, Any], steps: int, tmp: Path) -> dict[str, Any]:
-    import train_throughput
-
     path = model_folder(shape, tmp)
-    train_throughput.MICRO = shape["micro"]
     bare = Bare(path)
     g = torch.Generator().manual_seed(0)
     vocab = bare.model.config.vocab_size
     ids = torch.randint(2, vocab, (shape["rows"], shape["length"]), generator=g)
     batch: B.Batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones(ids.shape)}
-    bare.run(batch, 1)  # warm-up
-    plain = bare.run(batch, steps)  # unprofiled step times
+    bare.run(batch, 1, shape["micro"])  # warm-up
+    plain = bare.run(batch, steps, shape["micro"])  # unprofiled step times
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        bare.run(batch, steps)
+        bare.run(batch, steps, shape["micro"])
         wall = (time.perf_counter() - start) / steps
     groups: dict[str, float] = {}
     for event in prof.key_averages():

@@ -34,7 +34,7 @@ class Bare:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
 
-    def run(self, batch: B.Batch, steps: int) -> list[float]:
+    def run(self, batch: B.Batch, steps: int, micro: int = MICRO) -> list[float]:
         from rl_core.training.losses import NLLLoss
 
         loss_fn, out = NLLLoss(), []
@@ -42,7 +42,7 @@ class Bare:
             start = time.perf_counter()
             self.opt.zero_grad()
             normalizer = loss_fn.count(batch)
-            for mb in B.micro_batches(batch, MICRO):
+            for mb in B.micro_batches(batch, micro):
                 logits = self.model(
                     input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False
                 ).logits

@@ -268,16 +268,16 @@ def _add_eval(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace, registry: Registry) -> int:
     if args.samples < 1:
         raise InputError(f"--samples must be >= 1, not {args.samples}")
+    out = eval_folder(Path(args.target).resolve(), Path(args.out).resolve() if args.out else None)
     settings = EvalSettings(
         k=args.samples,
         temperature=args.temperature,
         max_rows=args.max_rows,
         split=args.split,
         threshold=args.threshold,
-        out=Path(args.out).resolve() if args.out else None,
+        out=out,
     )
     run_console = RunConsole(console, progress=False, verbose=args.verbose)
-    out = eval_folder(Path(args.target).resolve(), settings.out)
     with run_logs(out, verbose=args.verbose or args.debug, packages=registry.packages()):
         report = run_eval(Path(args.target), list(args.overrides or []), settings, registry, run_console)
     if args.json:
