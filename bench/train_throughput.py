@@ -1,8 +1,15 @@
 """Training tokens/s of the DTensor backend against a bare single-process PyTorch loop on the same model, batch, loss
 (NLL), optimizer (AdamW) and micro-batching, alternating in one process: one rank in a Ray actor (nothing to
-shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cores.
+shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cores. Two shapes:
 
-    python bench/train_throughput.py [--model qwen2-small] [--ranks 1,2] [--reps 3] [--steps 5]
+- ``small``: the small model (qwen2-small, vocabulary 512), 32 rows x 128 tokens, loss on every token (SFT-like:
+  nothing to skip), micro-batches of 16, one and two ranks;
+- ``rl-wide-vocab``: the same body with a 32768-token vocabulary (random init, as real tokenizers are wide), 16
+  rows of a 192-token prompt and a 64-token response, loss on the response (the RL shape), micro-batches of 8,
+  one rank; also the backend with ``logits_at_loss_positions=false`` (logits everywhere, as before it), so the
+  change is measured on its own.
+
+    python bench/train_throughput.py [--shapes small,rl-wide-vocab] [--reps 3] [--steps 3]
 """
 
 from __future__ import annotations
@@ -10,21 +17,44 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
+import attrs
 import torch
 from harness import alternate, fmt, stats, write
 
 from rl_core.contracts import batch as B
 from rl_core.data.tiny_models import ensure_tiny_model
 
-ROWS, LENGTH, MICRO, LR = 32, 128, 16, 1e-5
+LR = 1e-5
+SHAPES: dict[str, dict[str, Any]] = {
+    "small": {"vocab": None, "rows": 32, "prompt": 0, "length": 128, "micro": 16, "ranks": (1, 2)},
+    "rl-wide-vocab": {"vocab": 32768, "rows": 16, "prompt": 192, "length": 256, "micro": 8, "ranks": (1,)},
+}
 
 
-def make_batch(vocab: int) -> B.Batch:
+def model_folder(vocab: int | None, tmp: Path) -> str:
+    """The small model, or the same body with another vocabulary (random init)."""
+    small = ensure_tiny_model("qwen2-small")
+    if vocab is None:
+        return str(small)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(small)
+    config.vocab_size = vocab
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp / f"vocab{vocab}")
+    return str(tmp / f"vocab{vocab}")
+
+
+def make_batch(vocab: int, rows: int, length: int, prompt: int = 0) -> B.Batch:
+    """Random tokens; the loss on every position after the first ``prompt``."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, vocab, (ROWS, LENGTH), generator=g)
-    attn = torch.ones_like(ids)
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": attn.float()}
+    ids = torch.randint(2, vocab, (rows, length), generator=g)
+    loss_mask = torch.ones(ids.shape)
+    loss_mask[:, :prompt] = 0.0
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
 
 
 class Bare:
@@ -34,7 +64,7 @@ class Bare:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
 
-    def run(self, batch: B.Batch, steps: int, micro: int = MICRO) -> list[float]:
+    def run(self, batch: B.Batch, steps: int, micro: int) -> list[float]:
         from rl_core.training.losses import NLLLoss
 
         loss_fn, out = NLLLoss(), []
@@ -56,88 +86,119 @@ class Bare:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="qwen2-small")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     results, rows = [], []
-    for ranks in (int(r) for r in args.ranks.split(",")):
-        entry = measure(args, ranks)
-        results.append(entry)
-        o, b = entry["dtensor_step_s"], entry["bare_step_s"]
-        rows.append(
-            (
-                args.model,
-                str(ranks),
-                f"{entry['tokens_per_step'] / o['median']:.0f}",
-                f"{entry['tokens_per_step'] / b['median']:.0f}",
-                f"**{entry['dtensor_vs_bare']:.2f}x**",
-                f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
-            )
-        )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.shapes.split(","):
+            shape = SHAPES[name]
+            model = model_folder(shape["vocab"], Path(tmp))
+            for ranks in shape["ranks"]:
+                entry = measure(args, name, shape, model, ranks)
+                results.append(entry)
+                rows.append(row(entry))
     write(
         "train_throughput",
         {"results": results},
         rows,
-        ("model", "ranks", "DTensor tok/s", "bare PyTorch tok/s", "DTensor / bare", "s/step range (ours / bare)"),
-        notes=f"{ROWS} rows x {LENGTH} tokens per optimizer step, micro-batches of {MICRO}, AdamW, NLL loss; the "
-        "DTensor backend's ranks are Ray actors sharing the machine's 2 cores (one rank: unwrapped, 2 threads; two "
-        "ranks: FSDP2 over gloo, 1 thread each) against the same loop in the benchmark process (2 threads).",
+        (
+            "shape",
+            "ranks",
+            "DTensor tok/s",
+            "bare PyTorch tok/s",
+            "DTensor / bare",
+            "logits everywhere (before) / bare",
+            "s/step range (ours / bare)",
+        ),
+        notes="AdamW, NLL loss, fp32. small: qwen2-small, 32 rows x 128 tokens, loss on every token, micro-batches of "
+        "16. rl-wide-vocab: the same body with a 32768-token vocabulary, 16 rows x (192 prompt + 64 response) tokens, "
+        "loss on the response, micro-batches of 8. tok/s counts every token of the batch. The DTensor backend's ranks "
+        "are Ray actors sharing the machine's 2 cores (one rank: unwrapped, 2 threads; two ranks: FSDP2 over gloo, 1 "
+        "thread each) against the same loop in the benchmark process (2 threads), alternated.",
     )
 
 
-def measure(args: argparse.Namespace, ranks: int) -> dict:
-    from rl_backend_dtensor.backend import make_backend
-    from rl_core.config.loader import load_config
-    from rl_core.plugins.registry import Registry
-    from rl_core.training.losses import NLLLoss
+def row(entry: dict[str, Any]) -> tuple[str, ...]:
+    o, b = entry["dtensor_step_s"], entry["bare_step_s"]
+    before = entry.get("logits_everywhere_vs_bare")
+    return (
+        entry["shape"],
+        str(entry["ranks"]),
+        f"{entry['tokens_per_step'] / o['median']:.0f}",
+        f"{entry['tokens_per_step'] / b['median']:.0f}",
+        f"**{entry['dtensor_vs_bare']:.2f}x**",
+        "-" if before is None else f"{before:.2f}x",
+        f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
+    )
 
-    model = str(ensure_tiny_model(args.model))
+
+def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: str, ranks: int) -> dict:
+    from rl_core.config.loader import load_config
+    from rl_core.distributed.cluster import init_ray
+    from rl_core.plugins.registry import Registry
+
     registry = Registry.discover()
+    batch = make_batch(int(batch_vocab(model)), shape["rows"], shape["length"], shape["prompt"])
+    variants = {"dtensor": True, **({"logits everywhere": False} if shape["prompt"] else {})}
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(
             None,
             [
                 f"run_dir={run_dir}",
                 f"policy.model_name={model}",
-                f"policy.train_global_batch_size={ROWS}",
-                f"policy.train_micro_batch_size={MICRO}",
+                f"policy.train_global_batch_size={shape['rows']}",
+                f"policy.train_micro_batch_size={shape['micro']}",
                 f"policy.optimizer.lr={LR}",
                 f"policy.num_workers={ranks}",
-                "policy.max_total_sequence_length=256",
+                "policy.max_total_sequence_length=512",
             ],
             registry,
         )
-        from rl_core.distributed.cluster import init_ray
-
         init_ray(config.cluster, verbose=False)
-        ours = make_backend(config, config.section("policy.dtensor_cfg"))
+        sides = {key: backend_steps(config, flag, batch, args.steps) for key, flag in variants.items()}
         bare = Bare(model)
-        batch = make_batch(int(batch_vocab(model)))
-        tokens = float(batch["attention_mask"].sum())
-        ours.train(batch, NLLLoss())  # warm-up both
-        bare.run(batch, 1)
-
-        def our_steps() -> list[float]:
-            out = []
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                ours.train(batch, NLLLoss())
-                out.append(time.perf_counter() - start)
-            return out
-
-        times = alternate({"dtensor": our_steps, "bare": lambda: bare.run(batch, args.steps)}, args.reps)
-        ours.shutdown()
-    o, b = stats(times["dtensor"]), stats(times["bare"])
-    return {
-        "model": args.model,
+        bare.run(batch, 1, shape["micro"])  # warm-up
+        sides["bare"] = (lambda: bare.run(batch, args.steps, shape["micro"]), lambda: None)
+        times = alternate({key: run for key, (run, _) in sides.items()}, args.reps)
+        for _, close in sides.values():
+            close()
+    medians = {key: stats(t) for key, t in times.items()}
+    entry = {
+        "shape": name,
         "ranks": ranks,
-        "tokens_per_step": tokens,
-        "dtensor_step_s": o,
-        "bare_step_s": b,
-        "dtensor_vs_bare": b["median"] / o["median"],
+        "tokens_per_step": float(batch["attention_mask"].sum()),
+        "dtensor_step_s": medians["dtensor"],
+        "bare_step_s": medians["bare"],
+        "dtensor_vs_bare": medians["bare"]["median"] / medians["dtensor"]["median"],
     }
+    if "logits everywhere" in medians:
+        entry["logits_everywhere_step_s"] = medians["logits everywhere"]
+        entry["logits_everywhere_vs_bare"] = medians["bare"]["median"] / medians["logits everywhere"]["median"]
+    return entry
+
+
+def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int) -> tuple[Any, Any]:
+    """A started DTensor backend (``logits_at_loss_positions`` as given), warmed up: (run ``steps``, shut down)."""
+    from rl_backend_dtensor.backend import make_backend
+    from rl_backend_dtensor.config import DTensorConfig
+    from rl_core.training.losses import NLLLoss
+
+    section = config.section("policy.dtensor_cfg")
+    assert isinstance(section, DTensorConfig)
+    backend = make_backend(config, attrs.evolve(section, logits_at_loss_positions=loss_positions))
+    backend.train(batch, NLLLoss())
+
+    def run() -> list[float]:
+        out = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            backend.train(batch, NLLLoss())
+            out.append(time.perf_counter() - start)
+        return out
+
+    return run, backend.shutdown
 
 
 def batch_vocab(model: str) -> int:

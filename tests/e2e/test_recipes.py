@@ -19,6 +19,7 @@ SHORT = {
     "reinforce": ["reinforce.max_steps=2", "reinforce.val_check_interval=2", "reinforce.max_val_samples=16"],
     "sft": ["sft.max_num_steps=2", "sft.val_period=2"],
     "dpo": ["dpo.max_num_steps=2", "dpo.val_period=2"],
+    "reward_model": ["reward_model.max_num_steps=2", "reward_model.val_period=2"],
 }
 
 

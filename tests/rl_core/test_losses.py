@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_core.base.schema import LossConfig
-from rl_core.training.losses import ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
+from rl_core.training.losses import BradleyTerryLoss, ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
 
 
 def pg_batch(ratios, advantages, prev=None, **extra):
@@ -217,3 +217,46 @@ def test_a_batch_left_on_another_device_is_named_by_the_loss(loss):
     elsewhere = torch.zeros(2, 3, device="meta")
     with pytest.raises(InputError, match=r"batch\['input_ids'\] is on cpu but the logprobs are on meta"):
         fn(batch, elsewhere, 1.0)
+
+
+def test_bradley_terry_loss_accuracy_and_margin():
+    # two pairs; each row's reward is its value at its one loss position:
+    # pair 0: r_c = 2.0 (t2), r_r = 0.5 (t1) -> z = 1.5;  pair 1: r_c = -1.0 (t0), r_r = 1.0 (t2) -> z = -2.0
+    # -log sigmoid(1.5) = log(1 + e^-1.5) = 0.201413;  -log sigmoid(-2) = log(1 + e^2) = 2.126928
+    values = torch.tensor(
+        [[9.0, 7.0, 2.0], [9.0, 0.5, 7.0], [-1.0, 9.0, 7.0], [9.0, 7.0, 1.0]], dtype=torch.float64, requires_grad=True
+    )
+    mask = torch.tensor([[0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float64)
+    batch = {"input_ids": torch.zeros(4, 3, dtype=torch.long), "loss_mask": mask}
+    loss_fn = BradleyTerryLoss()
+    assert loss_fn.count(batch) == 2
+    loss, metrics = loss_fn(batch, values, 2.0)
+    assert float(loss.detach()) == pytest.approx((0.201413 + 2.126928) / 2, abs=1e-6)
+    assert float(metrics["accuracy"]) == 0.5
+    assert float(metrics["reward_chosen"]) == pytest.approx(0.5)  # (2 - 1) / 2
+    assert float(metrics["reward_gap"]) == pytest.approx(-0.25)  # (1.5 - 2) / 2
+    loss.backward()
+    # d/dr_c = -sigmoid(-z) / N: pair 0: -0.182426 / 2; only the loss positions get a gradient
+    assert float(values.grad[0, 2]) == pytest.approx(-0.182426 / 2, abs=1e-6)
+    assert float(values.grad[1, 1]) == pytest.approx(0.182426 / 2, abs=1e-6)
+    assert float(values.grad[0, :2].abs().sum()) == 0.0
+    # a margin of 1 on pair 0: z = 0.5 -> log(1 + e^-0.5) = 0.474077
+    margin, _ = loss_fn({**batch, "margin": torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)}, values, 2.0)
+    assert float(margin.detach()) == pytest.approx((0.474077 + 2.126928) / 2, abs=1e-6)
+
+
+def test_policy_gradient_loss_ignores_logprobs_outside_the_loss_mask():
+    # A backend may leave logprobs at 0 outside loss_mask; the previous logprobs there can be anything (-800 would
+    # make exp(0 - (-800)) overflow in float64): the loss and its gradient are those of the masked tokens alone.
+    # t1 (masked): r = 1, A = 2 -> -2;  t0 and t2 unmasked
+    batch, _ = pg_batch([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], prev=[-800.0, -1.0, -900.0])
+    batch["loss_mask"] = torch.tensor([[0.0, 1.0, 0.0]])
+    batch["reference_logprobs"] = torch.full((1, 3), -1.0, dtype=torch.float64)
+    leaky = torch.tensor([[0.0, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    cfg = LossConfig(reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True)
+    loss_fn = ClippedPGLoss(cfg=cfg)
+    loss, metrics = loss_fn(batch, leaky, 1.0)
+    assert float(loss.detach()) == pytest.approx(-2.0)  # the KL at t1 is 0 (logp = ref)
+    loss.backward()
+    assert torch.isfinite(leaky.grad).all() and all(torch.isfinite(v).all() for v in metrics.values())
+    assert float(leaky.grad[0, 0]) == 0.0 and float(leaky.grad[0, 2]) == 0.0

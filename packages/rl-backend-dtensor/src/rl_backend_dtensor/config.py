@@ -17,6 +17,10 @@ class DTensorConfig:
     #: bf16 compute (autocast; sharded, also bf16 parameter all-gathers) with fp32 master weights and gradient
     #: reduction.
     mixed_precision: bool = False
+    #: in training, run the output layer and log-softmax only at the positions that carry loss (same values and
+    #: gradients; the saving grows with the vocabulary and the prompt's share of the tokens). Off: logits
+    #: everywhere, for a custom loss that reads logprobs outside ``loss_mask``.
+    logits_at_loss_positions: bool = True
     #: micro-batches by token budget instead of a fixed row count.
     dynamic_batching: bool = False
     max_tokens_per_microbatch: int = attrs.field(default=4096, validator=attrs.validators.gt(0))

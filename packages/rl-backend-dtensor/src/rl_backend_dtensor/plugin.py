@@ -18,6 +18,7 @@ def rl_training_backends() -> list[TrainingBackendSpec]:
             description="PyTorch FSDP2 (DTensor) over Hugging Face models",
             lora=True,
             reference_model=True,
+            score_head=True,
             package="rl-backend-dtensor",
         )
     ]

@@ -5,6 +5,7 @@ tiny model's training step on CPU), unless CPU offload asks for FSDP's offload p
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from datetime import timedelta
@@ -86,12 +87,9 @@ class DTensorWorker:
         """The policy (``trainable``), or the reference: ``policy.reference_model_name`` if set, else the policy's
         starting weights."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        from transformers import AutoModelForCausalLM
 
         path = self.model_path if trainable else self.policy.reference_model_name or self.model_path
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, trust_remote_code=self.policy.trust_remote_code
-        )
+        model = self._from_pretrained(path)
         if trainable and self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if trainable and self.lora.enabled:  # a frozen base with adapters; the reference is the base itself
@@ -114,22 +112,66 @@ class DTensorWorker:
         fully_shard(model, **kwargs)
         return model if offload else model.to(self.device)
 
+    def _from_pretrained(self, path: str) -> Any:
+        """The causal LM at ``path``, or with ``policy.head=score`` the same architecture with a one-output score
+        head (new if ``path`` holds a causal LM) that knows the tokenizer's padding id, as serving it needs."""
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+        kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": self.policy.trust_remote_code}
+        if self.policy.head == "lm":
+            return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+        if not isinstance(getattr(model, "score", None), torch.nn.Module):
+            raise TypeError(f"{type(model).__name__} has no `score` head; policy.head=score needs one")
+        tokenizer = AutoTokenizer.from_pretrained(self.policy.tokenizer_name or path)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        return model
+
     # -- forward --------------------------------------------------------------------------------------------------
 
-    def _logprobs(self, model: Any, mb: B.Batch) -> torch.Tensor:
-        """``[b, T]`` token logprobs of one micro-batch (zero on padding)."""
+    def _logprobs(self, model: Any, mb: B.Batch, loss_only: bool = False) -> torch.Tensor:
+        """``[b, T]`` token logprobs of one micro-batch: zero on padding, and with ``loss_only`` zero wherever
+        ``loss_mask`` is (the loss never reads there, so the logits there are not computed)."""
         ids, attn = mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device)
+        need = mb["loss_mask"].to(self.device) if loss_only else attn
+        forward = self._picked if self.policy.head == "lm" else self._values
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision):
-            return self._forward(model, ids, attn)
-
-    def _forward(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        if self.cfg.sequence_packing:
+            if not self.cfg.sequence_packing:
+                return forward(model, ids, need, attention_mask=attn)
             packed, pos, lengths = B.pack(ids, attn)
-            logits = model(input_ids=packed, position_ids=pos.to(self.device), use_cache=False).logits
-            lp = B.token_logprobs_packed(logits, packed, lengths, self.chunk_tokens)
-            return B.unpack(lp, lengths, ids.shape[1])
-        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return B.token_logprobs(logits, ids, self.chunk_tokens) * attn
+            need = B.pack(need, attn)[0]  # [1, N]
+            if self.policy.head == "lm":  # a document's first token is predicted from nothing of its own
+                need = need * B.document_interiors(lengths).to(self.device)
+            out = forward(model, packed, need, position_ids=pos.to(self.device))
+            return B.unpack(out, lengths, ids.shape[1])
+
+    def _picked(self, model: Any, ids: torch.Tensor, need: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        """``[R, T]`` logprobs of ``ids`` where ``need [R, T]`` is set, 0 elsewhere. A model whose forward takes
+        ``logits_to_keep`` (every current Hugging Face causal LM) runs its output layer, its own logit scaling and
+        the log-softmax only at the positions that predict a needed token in some row: ``[R, K, V]`` logits
+        instead of ``[R, T, V]``, the same values (RL rows: prompts are most of the tokens, none carries loss)."""
+        wanted = need[:, 1:].any(0)  # [T-1] positions whose next token is needed in some row
+        if bool(wanted.all()) or not _keeps_logits(model):
+            logits = model(input_ids=ids, use_cache=False, **inputs).logits  # [R, T, V]
+            return B.token_logprobs(logits, ids, self.chunk_tokens) * (need > 0)
+        keep = wanted.nonzero().squeeze(1)  # [K]
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep, **inputs).logits  # [R, K, V]
+        picked = B.picked_logprobs(logits, ids[:, keep + 1], self.chunk_tokens)  # [R, K]
+        out = picked.new_zeros(ids.shape)
+        out[:, keep + 1] = picked
+        return out * (need > 0)
+
+    def _values(self, model: Any, ids: torch.Tensor, need: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        """``[R, T]`` the score head's value at every position where ``need`` is set (0 elsewhere): what the head
+        computes before the model pools one position per row, read by a hook so FSDP's forward runs as usual."""
+        values: list[torch.Tensor] = []
+        head = (model.get_base_model() if hasattr(model, "get_base_model") else model).score
+        hook = head.register_forward_hook(lambda _m, _i, out: values.append(out))
+        try:
+            model(input_ids=ids, use_cache=False, **inputs)
+        finally:
+            hook.remove()
+        return values[0].squeeze(-1).float() * (need > 0)  # [R, T, 1] -> [R, T]
 
     def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> list[B.Batch]:
         """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes."""
@@ -175,7 +217,8 @@ class DTensorWorker:
             if self.world_size > 1:
                 self.model.set_requires_gradient_sync(i == len(mbs) - 1)
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            loss, metrics = loss_fn(mb, self._logprobs(self.model, mb), normalizer)
+            logprobs = self._logprobs(self.model, mb, loss_only=self.cfg.logits_at_loss_positions)
+            loss, metrics = loss_fn(mb, logprobs, normalizer)
             # FSDP averages gradients over ranks; the loss is already a share of the global sum, so undo that.
             (loss * self.world_size).backward()
             for key, value in metrics.items():
@@ -303,6 +346,12 @@ class DTensorWorker:
         if self.device.type == "cuda":
             self.model.to(self.device)
             _move_optimizer(self.optimizer, self.device)
+
+
+def _keeps_logits(model: Any) -> bool:
+    """Whether the (``peft``-wrapped or plain) model's forward takes ``logits_to_keep`` as positions."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def _move_optimizer(optimizer: torch.optim.Optimizer, device: Any) -> None:

@@ -116,6 +116,10 @@ class PolicyConfig:
     #: the reference policy's model (a local Hugging Face folder or ``tiny:NAME``, same vocabulary); unset, the
     #: policy's own starting weights (with LoRA: the base, adapters off). On-policy distillation's teacher.
     reference_model_name: str | None = None
+    #: ``lm``: a causal LM, trained on its token log-probabilities; ``score``: the same architecture with a
+    #: one-output score head (``AutoModelForSequenceClassification``, num_labels 1), trained on the head's
+    #: per-token values (``algorithm: reward_model``; exported as a reward model ``rl-reward-server`` serves).
+    head: str = attrs.field(default="lm", validator=attrs.validators.in_(("lm", "score")))
     #: name of a training backend; overrides priority selection.
     backend: str | None = None
     #: training ranks (data parallel).

@@ -42,6 +42,13 @@ class PreferenceBatch(TokenBatch, total=False):
     reference_logprobs: torch.Tensor  # [B, T]
 
 
+class ScoredPairBatch(TokenBatch, total=False):
+    """Reward-model rows: chosen and rejected interleaved (rows 2i and 2i+1), ``loss_mask`` at the token the score
+    is read at."""
+
+    margin: torch.Tensor  # [B] the pair's margin, on both its rows
+
+
 #: a batch a training backend trains on: a ``TokenBatch`` or one that extends it.
 TokenBatchT = TypeVar("TokenBatchT", bound=TokenBatch)
 
@@ -172,51 +179,53 @@ def unpack(values: torch.Tensor, lengths: Sequence[int], width: int) -> torch.Te
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
-    """``[B, T]`` log p(x_t | x_<t) from ``logits [B, T, V]``; position 0 holds 0.
-
-    With ``chunk_tokens``, each row is done ``chunk_tokens`` positions at a time in float32 under activation
-    checkpointing, so that neither a float32 copy of the whole ``[B, T, V]`` logits nor the softmax of it is ever
-    held (for a 150k vocabulary, 16 x 1024 tokens: 10 GB each); values and gradients are the same."""
+    """``[B, T]`` log p(x_t | x_<t) from ``logits [B, T, V]``; position 0 holds 0 (``picked_logprobs`` with the
+    targets one position on)."""
     import torch
 
-    targets = input_ids[:, 1:]  # [B, T-1]
-    if chunk_tokens is None:
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
-        picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
-    else:
-        from torch.utils.checkpoint import checkpoint
+    return torch.nn.functional.pad(picked_logprobs(logits[:, :-1], input_ids[:, 1:], chunk_tokens), (1, 0))
 
-        width = logits.shape[1] - 1
-        rows = []
-        for b in range(logits.shape[0]):
-            parts = [
-                checkpoint(
-                    _chunk_logprobs,
-                    logits[b, s : s + chunk_tokens],
-                    targets[b, s : s + chunk_tokens],
-                    use_reentrant=False,
-                )
-                for s in range(0, width, chunk_tokens)
-            ]
-            rows.append(torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32))
-        picked = torch.stack(rows)  # [B, T-1]
-    return torch.nn.functional.pad(picked, (1, 0))
+
+def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
+    """``[B, K]`` log-softmax of ``logits [B, K, V]`` at ``targets [B, K]``, in float32.
+
+    With ``chunk_tokens``, each row is done ``chunk_tokens`` positions at a time under activation checkpointing,
+    so that neither a float32 copy of the whole ``[B, K, V]`` logits nor the softmax of it is ever held (for a
+    150k vocabulary, 16 x 1024 tokens: 10 GB each); values and gradients are the same."""
+    import torch
+
+    if chunk_tokens is None:
+        return _chunk_logprobs(logits, targets)
+    from torch.utils.checkpoint import checkpoint
+
+    rows = []
+    for b in range(logits.shape[0]):
+        parts = [
+            checkpoint(
+                _chunk_logprobs,
+                logits[b, s : s + chunk_tokens],
+                targets[b, s : s + chunk_tokens],
+                use_reentrant=False,
+            )
+            for s in range(0, logits.shape[1], chunk_tokens)
+        ]
+        rows.append(torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32))
+    return torch.stack(rows)  # [B, K]
 
 
 def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[n]`` log-probabilities of ``targets [n]`` under ``logits [n, V]``, in float32."""
+    """``[..., n]`` log-probabilities of ``targets [..., n]`` under ``logits [..., n, V]``, in float32."""
     import torch
 
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def token_logprobs_packed(
-    logits: torch.Tensor, ids: torch.Tensor, lengths: Sequence[int], chunk_tokens: int | None = None
-) -> torch.Tensor:
-    """Like ``token_logprobs`` over a packed row ``[1, N]``: the first token of each document gets 0."""
+def document_interiors(lengths: Sequence[int]) -> torch.Tensor:
+    """``[1, N]`` float over a packed row of documents of ``lengths``: 0 at each document's first token, else 1
+    (the tokens a packed forward pass predicts from their own document)."""
     import torch
 
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
-    keep = torch.ones(ids.shape, dtype=torch.float32, device=logits.device)
+    keep = torch.ones((1, sum(lengths)), dtype=torch.float32)
     keep[0, starts] = 0.0
-    return token_logprobs(logits, ids, chunk_tokens) * keep
+    return keep

@@ -60,14 +60,17 @@ class LossFunction(Protocol[BatchT_contra]):
     """A pure loss: ``loss_fn(batch, logprobs, normalizer) -> (loss, metrics)``.
 
     ``logprobs [B, T]`` are the current policy's log-probabilities of ``batch["input_ids"]`` (position ``t`` holds
-    ``log p(x_t | x_<t)``, position 0 is 0). The loss is a *sum* over the rows given divided by ``normalizer``,
-    the global count (``count``) over the whole optimizer-step batch across all ranks and micro-batches, so that
-    summing the losses (and metrics) of all micro-batches gives the global mean whatever the split. Every tensor
-    of ``batch`` must be on the device of ``logprobs``.
+    ``log p(x_t | x_<t)``, position 0 is 0) wherever ``loss_mask`` is set; elsewhere a backend may leave them at 0
+    (it need not compute logits where no loss is taken), so a loss reads them only under the mask. The loss is a
+    *sum* over the rows given divided by ``normalizer``, the global count (``count``) over the whole optimizer-step
+    batch across all ranks and micro-batches, so that summing the losses (and metrics) of all micro-batches gives
+    the global mean whatever the split. Every tensor of ``batch`` must be on the device of ``logprobs``. With
+    ``policy.head=score`` the backend's per-token output is the score head's value instead (a reward model's or a
+    critic's), under the same rules.
     """
 
     def __call__(
-        self, batch: BatchT_contra, logprobs: torch.Tensor, normalizer: float
+        self, batch: BatchT_contra, logprobs: torch.Tensor, normalizer: float, /
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
     def count(self, batch: BatchT_contra) -> float:

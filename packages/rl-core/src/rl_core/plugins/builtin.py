@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_core.algorithms import distill, dpo, grpo, reinforce, sft
+from rl_core.algorithms import distill, dpo, grpo, reinforce, reward_model, sft
 from rl_core.base.schema import Config
 from rl_core.contracts.protocols import MetricsLogger, RewardSource
 from rl_core.outputs.metrics import MlflowLogger, TensorBoardLogger, WandbLogger
@@ -65,6 +65,16 @@ def rl_algorithms() -> list[AlgorithmSpec]:
             config_class=dpo.DPOConfig,
             uses_rollout=False,
             description="direct preference optimisation",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
+            name="reward_model",
+            run=reward_model.run,
+            config_key="reward_model",
+            config_class=reward_model.RewardModelConfig,
+            uses_rollout=False,
+            head="score",
+            description="reward-model training: Bradley-Terry on preference pairs (policy.head=score)",
             package="rl-core",
         ),
     ]

@@ -64,6 +64,13 @@ class Selection:
 def select(config: Config, registry: Registry, device: Device) -> Selection:
     """What ``config`` selects, without building anything."""
     algorithm = registry.get(AlgorithmSpec, config.algorithm)
+    if config.policy.head != algorithm.head:
+        raise ConfigError(
+            f"algorithm {algorithm.name!r} trains a model with the {algorithm.head!r} head, but policy.head="
+            f"{config.policy.head}; set policy.head={algorithm.head}"
+        )
+    if config.policy.head == "score" and config.policy.lora.enabled:
+        raise ConfigError("policy.lora is not supported with policy.head=score yet; set policy.lora.enabled=false")
     if algorithm.check is not None:
         algorithm.check(config, device)
     backend = choose(
@@ -102,7 +109,7 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
 def check_declared(config: Config, backend: ComponentSpec | None, engine: ComponentSpec | None) -> None:
     """The config asks nothing the chosen components declare they do not support: more ranks than a backend's
     ``max_ranks``, LoRA of a backend without ``lora``, a reference model of one without ``reference_model``, a
-    weight transport an engine's ``refit_routes`` leave out."""
+    score head of one without ``score_head``, a weight transport an engine's ``refit_routes`` leave out."""
     ranks = config.policy.num_workers
     if isinstance(backend, TrainingBackendSpec) and backend.max_ranks is not None and ranks > backend.max_ranks:
         raise ConfigError(
@@ -118,6 +125,11 @@ def check_declared(config: Config, backend: ComponentSpec | None, engine: Compon
         raise ConfigError(
             f"policy.reference_model_name is set, but training backend {backend.name!r} loads no reference model "
             "other than the policy's own; choose one that does (policy.backend=dtensor), or unset it"
+        )
+    if isinstance(backend, TrainingBackendSpec) and config.policy.head == "score" and not backend.score_head:
+        raise ConfigError(
+            f"policy.head=score, but training backend {backend.name!r} trains no score head; choose one that does "
+            "(policy.backend=dtensor)"
         )
     named = config.policy.generation.weight_transport
     if isinstance(engine, RolloutEngineSpec) and named is not None and named not in engine.refit_routes:

@@ -84,6 +84,9 @@ class TrainingBackendSpec(ComponentSpec):
     #: reference_model_name``: a teacher); a config naming one for a backend that does not is refused before
     #: workers start.
     reference_model: bool = False
+    #: whether it trains a score head (``policy.head=score``: reward models); a config asking for one of a backend
+    #: that does not is refused before workers start.
+    score_head: bool = False
     #: config overrides that make one optimizer step plain SGD with learning rate 1 and no clipping, so that the
     #: step's update is the gradient (``rl-core certify`` compares gradients across batch splits with them). The
     #: default fits backends that use the core's ``policy.optimizer``.
@@ -158,6 +161,8 @@ class AlgorithmSpec(ComponentSpec):
     run: Callable[[RunContext], dict[str, float]]
     uses_rollout: bool = True
     check: Callable[[Config, str], None] | None = None
+    #: the model head it trains (``policy.head``: ``lm`` or ``score``); a config with another is refused.
+    head: str = "lm"
 
 
 @attrs.frozen(kw_only=True)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from rl_core.contracts.batch import PolicyGradientBatch, PreferenceBatch, TokenBatch
+    from rl_core.contracts.batch import PolicyGradientBatch, PreferenceBatch, ScoredPairBatch, TokenBatch
 
 
 def kl_estimate(
@@ -114,12 +114,14 @@ class ClippedPGLoss:
         mask = _loss_mask(batch)  # [B, T]
         adv = batch["advantages"].float()  # [B, T]
         prev = batch.get("prev_logprobs", logprobs.detach())  # [B, T]
+        # only where the loss counts: a backend may leave logprobs elsewhere at 0 (see ``LossFunction``)
+        log_ratio = torch.where(mask > 0, logprobs - prev, 0.0)  # [B, T]
         metrics: dict[str, torch.Tensor] = {}
         if cfg.disable_ppo_ratio:
             pg = -adv * logprobs  # [B, T]
             ratio = torch.ones_like(logprobs)
         else:
-            ratio = torch.exp(logprobs - prev)  # [B, T]
+            ratio = torch.exp(log_ratio)  # [B, T]
             clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
             pg = torch.maximum(-adv * ratio, -adv * clipped)
             metrics["clip_fraction"] = self._reduce(((-adv * clipped) > (-adv * ratio)).float(), mask, normalizer)
@@ -141,7 +143,7 @@ class ClippedPGLoss:
                 cfg.kl_output_clamp_value,
             )
             if cfg.use_on_policy_kl_approximation:
-                kl = torch.exp(logprobs - prev).detach() * kl
+                kl = torch.exp(log_ratio).detach() * kl
             per_token = per_token + cfg.reference_policy_kl_penalty * kl
             metrics["kl"] = self._reduce(kl.detach() * weight, mask, normalizer)
         per_token = weight * per_token  # [B, T]
@@ -226,3 +228,42 @@ class DPOLoss:
             "margin": (z.detach() / self.beta).sum() / normalizer,
         }
         return loss, metrics
+
+
+@attrs.frozen(kw_only=True)
+class BradleyTerryLoss:
+    """Reward-model training on interleaved pairs (row 2i chosen, row 2i+1 rejected), Bradley-Terry.
+
+    The backend's per-token output is the score head's value ``v [B, T]``; each row's reward is the value at its
+    one ``loss_mask`` position (the token the model is read at when it serves: the row's last), ``r = sum_t m_t
+    v_t``. With the pairs' margins (``batch["margin"] [B]``, each pair's on both its rows; 0 when absent)::
+
+        z     = r_c - r_r - margin
+        loss  = sum_pairs -log sigmoid(z) / N_pairs
+
+    Metrics: ``accuracy`` (share of pairs with ``r_c > r_r``), the mean chosen and rejected rewards and their gap.
+    """
+
+    group_size: int = 2
+
+    def count(self, batch: ScoredPairBatch) -> float:
+        return batch["input_ids"].shape[0] / 2
+
+    def __call__(
+        self, batch: ScoredPairBatch, values: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        import torch
+
+        check_devices(batch, values)
+        reward = (values * batch["loss_mask"]).sum(1)  # [B]
+        chosen, rejected = reward[0::2], reward[1::2]  # [P]
+        margin = batch["margin"][0::2] if "margin" in batch else torch.zeros_like(chosen)  # [P]
+        loss = -torch.nn.functional.logsigmoid(chosen - rejected - margin).sum() / normalizer
+        gap = (chosen - rejected).detach()  # [P]
+        return loss, {
+            "loss": loss.detach(),
+            "accuracy": (gap > 0).float().sum() / normalizer,
+            "reward_chosen": chosen.detach().sum() / normalizer,
+            "reward_rejected": rejected.detach().sum() / normalizer,
+            "reward_gap": gap.sum() / normalizer,
+        }
