@@ -27,9 +27,10 @@ def recipes() -> list[Path]:
     return sorted(CONFIGS.glob("*.yaml"))
 
 
-#: recipes another test already runs as a user would (test_main_job.py): the default job written out as a file, and
-#: distillation (it needs a trained teacher, which that file's LoRA recipe run gives it)
-RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill"}
+#: recipes another test already runs as a user would: the default job written out as a file, and distillation (it
+#: needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
+#: needs the reward-model recipe's model: test_reward_model.py runs the two)
+RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill", "grpo_reward_model"}
 
 
 def test_every_recipe_is_headed_by_its_command():

@@ -203,3 +203,23 @@ def test_a_reference_model_is_refused_for_a_backend_that_loads_none(make_config,
     with pytest.raises(ConfigError, match=r"algorithm distill needs a teacher: set policy.reference_model_name"):
         distill.check(make_config("algorithm=distill"), "cpu")
     distill.check(make_config("algorithm=distill", f"policy.reference_model_name={tiny_model_path}"), "cpu")
+
+
+def test_a_score_head_is_refused_where_nothing_trains_or_uses_one(rl_registry, make_config):
+    """``policy.head`` must be the head the algorithm trains (``reward_model``: score; the others: lm), LoRA is
+    refused with a score head, and a backend must declare ``score_head`` (Megatron does not)."""
+    from rl_core.plugins.selection import check_declared, select
+
+    with pytest.raises(ConfigError, match=r"algorithm 'grpo' trains a model with the 'lm' head, but policy.head=score"):
+        select(make_config("policy.head=score"), rl_registry, "cpu")
+    with pytest.raises(ConfigError, match=r"set policy.head=score"):
+        select(make_config("algorithm=reward_model"), rl_registry, "cpu")
+    with pytest.raises(ConfigError, match=r"policy.lora is not supported with policy.head=score"):
+        select(
+            make_config("algorithm=reward_model", "policy.head=score", "policy.lora.enabled=true"), rl_registry, "cpu"
+        )
+    scored = make_config("algorithm=reward_model", "policy.head=score")
+    assert select(scored, rl_registry, "cpu").backend.chosen.name == "dtensor"
+    megatron = rl_registry.get(TrainingBackendSpec, "megatron")
+    with pytest.raises(ConfigError, match=r"policy.head=score, but training backend 'megatron' trains no score head"):
+        check_declared(scored, megatron, None)
