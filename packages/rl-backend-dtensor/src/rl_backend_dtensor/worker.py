@@ -165,8 +165,7 @@ class DTensorWorker:
         """``[R, T]`` the score head's value at every position where ``need`` is set (0 elsewhere): what the head
         computes before the model pools one position per row, read by a hook so FSDP's forward runs as usual."""
         values: list[torch.Tensor] = []
-        head = (model.get_base_model() if hasattr(model, "get_base_model") else model).score
-        hook = head.register_forward_hook(lambda _m, _i, out: values.append(out))
+        hook = model.score.register_forward_hook(lambda _m, _i, out: values.append(out))
         try:
             model(input_ids=ids, use_cache=False, **inputs)
         finally:

@@ -18,7 +18,7 @@ from rl_core.contracts.batch import ScoredPairBatch, pad_rows
 from rl_core.data.prompts import Example
 from rl_core.training.context import RunContext
 from rl_core.training.losses import BradleyTerryLoss
-from rl_core.training.supervised import SupervisedLoopConfig, run_supervised
+from rl_core.training.supervised import SupervisedLoopConfig, check_length, run_supervised
 
 
 @attrs.frozen(kw_only=True)
@@ -45,19 +45,13 @@ def encode_scored_pairs(ctx: RunContext, examples: Sequence[Example], cfg: Rewar
     is read) and ``margin [B]`` (the pair's, on both of its rows)."""
     import torch
 
-    tok, key, limit = ctx.tokenizer, ctx.config.data.prompt_key, ctx.config.policy.max_total_sequence_length
+    tok, key = ctx.tokenizer, ctx.config.data.prompt_key
     rows, margins = [], []
     for ex in examples:
         if key not in ex or "chosen" not in ex or "rejected" not in ex:
             raise InputError(f"a preference example needs {key!r}, 'chosen' and 'rejected'; fields are {sorted(ex)}")
         for side in ("chosen", "rejected"):
-            ids = tok(str(ex[key]) + cfg.separator + str(ex[side]))["input_ids"]
-            if len(ids) > limit:
-                raise InputError(
-                    f"an example has {len(ids)} tokens, more than policy.max_total_sequence_length ({limit}); "
-                    "raise it or shorten the data"
-                )
-            rows.append(ids)
+            rows.append(check_length(ctx, tok(str(ex[key]) + cfg.separator + str(ex[side]))["input_ids"]))
             margins.append(float(ex.get("margin", cfg.margin)))
     ids, attn = pad_rows(rows, tok.pad_token_id)
     loss_mask = torch.zeros(ids.shape, dtype=torch.float32)

@@ -119,7 +119,7 @@ class PolicyConfig:
     #: ``lm``: a causal LM, trained on its token log-probabilities; ``score``: the same architecture with a
     #: one-output score head (``AutoModelForSequenceClassification``, num_labels 1), trained on the head's
     #: per-token values (``algorithm: reward_model``; exported as a reward model ``rl-reward-server`` serves).
-    head: str = attrs.field(default="lm", validator=attrs.validators.in_(("lm", "score")))
+    head: Literal["lm", "score"] = "lm"
     #: name of a training backend; overrides priority selection.
     backend: str | None = None
     #: training ranks (data parallel).

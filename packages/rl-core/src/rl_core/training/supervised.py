@@ -64,18 +64,21 @@ def _prompt_response_ids(ctx: RunContext, ex: Example, response: Any) -> tuple[l
     return prompt_ids, response_ids
 
 
+def check_length(ctx: RunContext, ids: list[int]) -> list[int]:
+    """``ids``, or an error if the example is longer than ``policy.max_total_sequence_length``."""
+    limit = ctx.config.policy.max_total_sequence_length
+    if len(ids) > limit:
+        raise InputError(
+            f"an example has {len(ids)} tokens, more than policy.max_total_sequence_length ({limit}); raise it or "
+            "shorten the data"
+        )
+    return ids
+
+
 def _encode(ctx: RunContext, pieces: Sequence[tuple[list[int], list[int]]]) -> PreferenceBatch:
     import torch
 
-    limit = ctx.config.policy.max_total_sequence_length
-    rows = []
-    for prompt, response in pieces:
-        if len(prompt) + len(response) > limit:
-            raise InputError(
-                f"an example has {len(prompt) + len(response)} tokens, more than policy.max_total_sequence_length "
-                f"({limit}); raise it or shorten the data"
-            )
-        rows.append(prompt + response)
+    rows = [check_length(ctx, prompt + response) for prompt, response in pieces]
     ids, attn = pad_rows(rows, ctx.tokenizer.pad_token_id)
     loss_mask = torch.zeros(ids.shape, dtype=torch.float32)
     for i, (prompt, response) in enumerate(pieces):
