@@ -126,6 +126,37 @@ def test_distillation_recipe_lifts_the_student_to_its_teacher(lora_recipe_run: t
     assert kl[-1] < kl[0] / 2, kl
 
 
+def test_ppo_recipe_learns_with_its_critic_and_resumes_both(lora_recipe_run: tuple, tmp_path: Path):
+    """examples/configs/ppo.yaml from the LoRA recipe's warm-up model (at chance; the recipe's own warm-up would
+    remake it): PPO with a critic must take held-out reward to >= 0.95 (the README's figure) while the critic's
+    loss falls; every checkpoint holds the critic, and a run resumed from the last one carries on with the trained
+    critic (its loss stays low, where a new score head's starts several times higher)."""
+    run = tmp_path / "ppo"
+    overrides = [
+        "warmup_recipe=null",
+        f"policy.model_name={lora_recipe_run[0] / 'warmup' / 'final'}",
+        "logger.progress=false",
+    ]
+    begun = time.monotonic()
+    out = finish(start(run, *overrides, config=ROOT / "examples/configs/ppo.yaml"))
+    seconds = time.monotonic() - begun
+    assert "starting the critic (dtensor, 1 rank(s))" in out and (run / "logs" / "value-0.log").is_file()
+    before, after = heldout(run)
+    rows = metrics(run)
+    critic = [rows[s]["critic/loss"] for s in sorted(rows) if "critic/loss" in rows[s]]
+    print(
+        f"ppo: held-out reward {before:.3f} -> {after:.3f}; critic loss {critic[0]:.3f} -> {critic[-1]:.3f}; {seconds:.0f} s"
+    )
+    assert 0.35 <= before <= 0.65 and after >= 0.95, (before, after)
+    assert sum(critic[-5:]) < sum(critic[:5]) / 4, critic
+    assert "train/loss" not in rows[1] and "train/loss" in rows[3], "the critic's warm-up steps train no policy"
+    last = max(int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*"))
+    assert (run / "checkpoints" / f"step_{last:06d}" / "critic" / "extra.pt").is_file()
+    finish(start(run, *overrides, "ppo.max_num_steps=62", config=ROOT / "examples/configs/ppo.yaml"))
+    resumed = metrics(run)
+    assert max(resumed) == 62 and resumed[61]["critic/loss"] < critic[0] / 4, (critic[0], resumed[61])
+
+
 #: the SIGKILL test trains LoRA adapters (the asynchronous GRPO test's SIGKILL trains all weights): their checkpoint
 #: (adapters and their optimizer state) and adapter-only refits must bring a killed run back exactly
 LORA_GRPO = [*SHORT_GRPO, "policy.lora.enabled=true", "policy.optimizer.lr=3e-3"]

@@ -7,8 +7,11 @@ import torch
 
 from rl_core.training.advantages import (
     distillation_advantages,
+    gae,
     group_advantages,
     kl_penalized_rewards,
+    last_position,
+    masked_whiten,
     overlong_penalty,
 )
 
@@ -90,3 +93,52 @@ def test_distillation_advantage_mixes_a_task_advantage_per_sample():
 
 def test_distillation_advantage_is_zero_where_student_and_teacher_agree():
     assert distillation_advantages(STUDENT, STUDENT, torch.ones_like(MASK)).abs().max() == 0
+
+
+# GAE, worked out by hand: a response of three action tokens (positions 1..3) with its reward at the last
+ONE_MASK = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+ONE_REWARD = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+ONE_VALUES = torch.tensor([[0.0, 0.5, 0.6, 0.7]])
+
+
+def test_gae_with_gamma_and_lambda_one_gives_monte_carlo_returns():
+    # delta_3 = 1 - 0.7 = 0.3; delta_2 = 0.7 - 0.6 = 0.1; delta_1 = 0.6 - 0.5 = 0.1; A_t = sum of deltas from t
+    advantages, returns = gae(ONE_REWARD, ONE_VALUES, ONE_MASK, gamma=1.0, lam=1.0)
+    assert torch.allclose(advantages, torch.tensor([[0.0, 0.5, 0.4, 0.3]]))
+    assert torch.allclose(returns, torch.tensor([[0.0, 1.0, 1.0, 1.0]]))
+
+
+def test_gae_discounts_and_lambda_weights_the_deltas():
+    # gamma 0.9, lam 0.5: delta_3 = 0.3, A_3 = 0.3; delta_2 = 0.9 * 0.7 - 0.6 = 0.03, A_2 = 0.03 + 0.45 * 0.3 = 0.165;
+    # delta_1 = 0.9 * 0.6 - 0.5 = 0.04, A_1 = 0.04 + 0.45 * 0.165 = 0.11425
+    advantages, returns = gae(ONE_REWARD, ONE_VALUES, ONE_MASK, gamma=0.9, lam=0.5)
+    assert torch.allclose(advantages, torch.tensor([[0.0, 0.11425, 0.165, 0.3]]))
+    assert torch.allclose(returns, torch.tensor([[0.0, 0.61425, 0.765, 1.0]]))
+
+
+def test_gae_skips_observation_tokens_and_ends_each_episode_at_its_last_action():
+    """Row a: actions at 1, 2 and 4 (3 is an environment's observation, 5 padding), reward 2 at 4; row b: actions
+    at 2 and 3 then its episode ends, reward -1 at 3; row c: no action. Values off the actions (9, 7) are never
+    read. gamma 0.5, lam 1: the discounted return of each action counts its row's actions only."""
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    rewards = torch.tensor([[0, 0, 0, 0, 2.0, 0], [0, 0, 0, -1.0, 0, 0], [0.0] * 6])
+    values = torch.tensor([[0, 1, 1, 9, 1, 9], [7, 7, 0.5, -0.5, 7, 7], [3.0] * 6])
+    advantages, returns = gae(rewards, values, mask, gamma=0.5, lam=1.0)
+    # a: A_4 = 2 - 1 = 1; A_2 = (0.5 * 1 - 1) + 0.5 * 1 = 0; A_1 = (0.5 * 1 - 1) + 0.5 * 0 = -0.5
+    # b: A_3 = -1 + 0.5 = -0.5; A_2 = (0.5 * -0.5 - 0.5) + 0.5 * -0.5 = -1.0
+    assert torch.allclose(advantages, torch.tensor([[0, -0.5, 0, 0, 1, 0], [0, 0, -1.0, -0.5, 0, 0], [0.0] * 6]))
+    assert torch.allclose(returns, torch.tensor([[0, 0.5, 1, 0, 2, 0], [0, 0, -0.5, -1, 0, 0], [0.0] * 6]))
+
+
+def test_masked_whiten_uses_the_masked_positions_only():
+    values = torch.tensor([[100.0, 1.0, 2.0], [3.0, -50.0, 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    # mean 2, unbiased variance ((1-2)^2 + 0 + (3-2)^2) / 2 = 1
+    assert torch.allclose(masked_whiten(values, mask), torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.equal(masked_whiten(values, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])), torch.zeros(2, 3))
+
+
+def test_last_position_marks_each_rows_last_action():
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    expected = torch.tensor([[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    assert torch.equal(last_position(mask), expected)

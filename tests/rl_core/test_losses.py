@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_core.base.schema import LossConfig
-from rl_core.training.losses import BradleyTerryLoss, ClippedPGLoss, DPOLoss, NLLLoss, kl_estimate
+from rl_core.training.losses import BradleyTerryLoss, ClippedPGLoss, DPOLoss, NLLLoss, ValueLoss, kl_estimate
 
 
 def pg_batch(ratios, advantages, prev=None, **extra):
@@ -260,3 +260,27 @@ def test_policy_gradient_loss_ignores_logprobs_outside_the_loss_mask():
     loss.backward()
     assert torch.isfinite(leaky.grad).all() and all(torch.isfinite(v).all() for v in metrics.values())
     assert float(leaky.grad[0, 0]) == 0.0 and float(leaky.grad[0, 2]) == 0.0
+
+
+def test_value_loss_clips_the_step_from_the_old_values():
+    """v = (1.0, 0.5), v_old = (0.8, 0.0), R = (0.0, 1.0), clip 0.1 (position 0 masked out). Token 1: unclipped
+    (1 - 0)^2 = 1 > clipped (0.9 - 0)^2 = 0.81; token 2: unclipped (0.5 - 1)^2 = 0.25 < clipped (0.1 - 1)^2 = 0.81.
+    loss = 1/2 (1 + 0.81) / 2 = 0.4525; the gradient flows through token 1 only (v - R) / 2 = 0.5: token 2's
+    clipped value does not move with v."""
+    batch = {
+        "input_ids": torch.zeros(1, 3, dtype=torch.long),
+        "attention_mask": torch.ones(1, 3, dtype=torch.long),
+        "loss_mask": torch.tensor([[0.0, 1.0, 1.0]]),
+        "returns": torch.tensor([[0.0, 0.0, 1.0]]),
+        "old_values": torch.tensor([[5.0, 0.8, 0.0]]),
+    }
+    values = torch.tensor([[-3.0, 1.0, 0.5]], requires_grad=True)
+    loss_fn = ValueLoss(clip=0.1)
+    loss, metrics = loss_fn(batch, values, loss_fn.count(batch))
+    loss.backward()
+    assert loss.item() == pytest.approx(0.4525)
+    assert values.grad is not None and torch.allclose(values.grad, torch.tensor([[0.0, 0.5, 0.0]]))
+    assert metrics["clip_fraction"].item() == pytest.approx(0.5)
+    assert metrics["value"].item() == pytest.approx(0.75)
+    unclipped, _ = ValueLoss(clip=None)(batch, values.detach(), 2.0)
+    assert unclipped.item() == pytest.approx(0.5 * (1.0 + 0.25) / 2)

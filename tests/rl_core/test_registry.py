@@ -223,3 +223,32 @@ def test_a_score_head_is_refused_where_nothing_trains_or_uses_one(rl_registry, m
     megatron = rl_registry.get(TrainingBackendSpec, "megatron")
     with pytest.raises(ConfigError, match=r"policy.head=score, but training backend 'megatron' trains no score head"):
         check_declared(scored, megatron, None)
+
+
+def test_ppo_starts_its_critic_only_on_a_backend_that_trains_a_score_head(rl_registry, make_config):
+    """PPO's critic is the policy's config with the critic's model, a score head, no LoRA or reference, its own
+    optimizer and ranks, on GPUs of its own; Megatron (no score head) is refused before any worker starts."""
+    from rl_core.algorithms.ppo import critic_config
+    from rl_core.plugins.selection import select
+
+    config = make_config(
+        "algorithm=ppo",
+        "ppo.num_prompts_per_step=64",
+        "policy.lora.enabled=true",
+        "ppo.critic.optimizer={lr: 0.5}",
+        "ppo.critic.num_workers=2",
+    )
+    critic = critic_config(config).policy
+    assert (critic.head, critic.lora.enabled, critic.reference_model_name) == ("score", False, None)
+    assert (critic.optimizer.lr, critic.num_workers, critic.model_name) == (0.5, 2, config.policy.model_name)
+    assert select(config, rl_registry, "cpu").algorithm.critic is critic_config
+    from rl_core.distributed.placement import policy_layout
+
+    # on GPUs the policy shares its GPUs with the engine; the critic takes GPUs of its own
+    assert policy_layout(config, "cuda").shared and policy_layout(config, "cuda").num_gpus == 0.5
+    on_gpus = policy_layout(critic_config(config), "cuda")
+    assert (on_gpus.shared, on_gpus.num_gpus, on_gpus.size) == ("", 1.0, 2)
+    with pytest.raises(ConfigError, match=r"algorithm 'ppo' trains a critic .* training backend 'megatron' trains no"):
+        select(
+            make_config("algorithm=ppo", "ppo.num_prompts_per_step=64", "policy.backend=megatron"), rl_registry, "cpu"
+        )

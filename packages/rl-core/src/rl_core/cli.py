@@ -157,6 +157,9 @@ def dry_run(config: Any, registry: Registry) -> int:
     console.print("== placement", style="bold")
     policy = policy_layout(config, device)
     console.print(f"device: {device}; policy: {policy.size} rank(s), {policy.num_gpus:g} GPU each", highlight=False)
+    if chosen.algorithm.critic is not None:
+        critic = policy_layout(chosen.algorithm.critic(config), device)
+        console.print(f"critic: {critic.size} rank(s), {critic.num_gpus:g} GPU each", highlight=False)
     if chosen.engine is not None:
         engine = engine_layout(config, device)
         colocated = " (colocated with the policy)" if engine.shared else ""

@@ -49,6 +49,13 @@ class ScoredPairBatch(TokenBatch, total=False):
     margin: torch.Tensor  # [B] the pair's margin, on both its rows
 
 
+class ValueBatch(TokenBatch, total=False):
+    """A critic's rows (PPO): ``loss_mask`` at the positions whose value is a state's, with their targets."""
+
+    returns: torch.Tensor  # [B, T] the value targets
+    old_values: torch.Tensor  # [B, T] the critic's values before this step's updates
+
+
 #: a batch a training backend trains on: a ``TokenBatch`` or one that extends it.
 TokenBatchT = TypeVar("TokenBatchT", bound=TokenBatch)
 

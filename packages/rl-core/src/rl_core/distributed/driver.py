@@ -79,7 +79,7 @@ def start_ranks(
             device=device,
             **args,
         ),
-        name="policy",
+        name="policy" if policy.head == "lm" else "value",  # the log files' names: a critic's beside the policy's
         placement=config.cluster.placement,
         required_paths=required_paths,
         log_dir=Path(config.run_dir).resolve() / "logs",

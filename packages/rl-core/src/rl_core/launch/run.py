@@ -23,7 +23,7 @@ from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreErro
 from rl_core.base.schema import Config, LoggerConfig, PolicyConfig, dump_yaml, to_dict
 from rl_core.config.loader import load_config
 from rl_core.config.recipes import resolve_recipe
-from rl_core.contracts.protocols import MetricsLogger
+from rl_core.contracts.protocols import MetricsLogger, TrainingBackend
 from rl_core.data.models import check_model_folder, resolve_model_path
 from rl_core.data.prompts import load_split
 from rl_core.distributed.cluster import init_ray
@@ -209,9 +209,15 @@ def make_loggers(config: Config, registry: Registry, run_dir: Path, stack: conte
 
 
 def build_components(
-    prepared: PreparedRun, registry: Registry, console: RunConsole, stack: contextlib.ExitStack
+    prepared: PreparedRun,
+    registry: Registry,
+    console: RunConsole,
+    stack: contextlib.ExitStack,
+    *,
+    critic: bool = True,
 ) -> RunContext:
-    """Build everything the algorithm needs; whatever is built is released by ``stack``."""
+    """Build everything the algorithm needs (its critic only with ``critic``: evaluation trains nothing); whatever
+    is built is released by ``stack``."""
 
     config, chosen = prepared.config, prepared.selections
     rewards = start_rewards(config, registry, stack) if chosen.engine is not None else []
@@ -231,6 +237,7 @@ def build_components(
         lambda: backend_spec.factory(config, config.sections.get(backend_spec.config_key or "")),
     )
     stack.callback(backend.shutdown)
+    value_model = start_critic(config, registry, backend_spec, console, stack) if critic else None
     engine = None
     if chosen.engine is not None:
         engine_spec = registry.get(RolloutEngineSpec, chosen.engine.chosen.name)
@@ -257,7 +264,31 @@ def build_components(
         checkpoints=CheckpointManager(prepared.run_dir, config.checkpointing),
         loggers=loggers,
         environment=environment,
+        critic=value_model,
     )
+
+
+def start_critic(
+    config: Config,
+    registry: Registry,
+    backend_spec: TrainingBackendSpec,
+    console: RunConsole,
+    stack: contextlib.ExitStack,
+) -> TrainingBackend | None:
+    """The value model an algorithm trains beside the policy (``AlgorithmSpec.critic``: PPO's), on the policy's
+    backend; None for the others. Shut down by ``stack``."""
+    make_critic = registry.get(AlgorithmSpec, config.algorithm).critic
+    if make_critic is None:
+        return None
+    critic_config = make_critic(config)
+    console.info(f"starting the critic ({backend_spec.name}, {critic_config.policy.num_workers} rank(s))...")
+    critic = started(
+        "critic",
+        backend_spec,
+        lambda: backend_spec.factory(critic_config, config.sections.get(backend_spec.config_key or "")),
+    )
+    stack.callback(critic.shutdown)
+    return critic
 
 
 def start_rewards(config: Config, registry: Registry, stack: contextlib.ExitStack) -> list[NamedRewardSource]:
@@ -351,14 +382,17 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def open_run(config: Config, registry: Registry, console: RunConsole | None = None) -> Iterator[RunContext]:
+def open_run(
+    config: Config, registry: Registry, console: RunConsole | None = None, *, critic: bool = True
+) -> Iterator[RunContext]:
     """A prepared run with its components built, released when the block ends (benchmarks and tests drive steps
-    themselves with it; ``run_config`` runs the algorithm in it). The run folder is locked meanwhile."""
+    themselves with it; ``run_config`` runs the algorithm in it; ``critic=False`` leaves an algorithm's critic
+    unstarted). The run folder is locked meanwhile."""
     console = console or RunConsole(progress=config.logger.progress)
     with run_lock(Path(config.run_dir).resolve()):
         prepared = prepare_run(config, registry, console)
         with contextlib.ExitStack() as stack:
-            yield build_components(prepared, registry, console, stack)
+            yield build_components(prepared, registry, console, stack, critic=critic)
 
 
 #: written in the run folder when a run ends well: the config it ran and its final metrics.

@@ -166,8 +166,16 @@ class CheckpointManager:
             skipped(f"checkpoint {path.name} skipped: {problem}")
         return None
 
-    def save(self, step: int, state: Mapping[str, Any], write_policy: Callable[[Path], None], config_yaml: str) -> Path:
-        """Write a checkpoint atomically; a failure removes what was written and raises one clear line."""
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        write_policy: Callable[[Path], None],
+        config_yaml: str,
+        also: Mapping[str, Callable[[Path], None]] | None = None,
+    ) -> Path:
+        """Write a checkpoint atomically (the policy in ``policy/``, each of ``also``'s models in the folder of its
+        name: a critic's in ``critic/``); a failure removes what was written and raises one clear line."""
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -175,6 +183,8 @@ class CheckpointManager:
         try:
             with atomic_folder(final) as tmp:
                 write_policy(tmp / "policy")
+                for name, write in (also or {}).items():
+                    write(tmp / name)
                 (tmp / "config.yaml").write_text(config_yaml)
                 (tmp / "state.json").write_text(json.dumps(dict(state), indent=1))
                 write_manifest(tmp, self.cfg.checksums)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_core.algorithms import distill, dpo, grpo, reinforce, reward_model, sft
+from rl_core.algorithms import distill, dpo, grpo, ppo, reinforce, reward_model, sft
 from rl_core.base.schema import Config
 from rl_core.contracts.protocols import MetricsLogger, RewardSource
 from rl_core.outputs.metrics import MlflowLogger, TensorBoardLogger, WandbLogger
@@ -41,6 +41,16 @@ def rl_algorithms() -> list[AlgorithmSpec]:
             package="rl-core",
         ),
         AlgorithmSpec(
+            name="ppo",
+            run=ppo.run,
+            check=ppo.check,
+            critic=ppo.critic_config,
+            config_key="ppo",
+            config_class=ppo.PPOConfig,
+            description="PPO with a learned critic (GAE, clipped value loss, whitening, critic warm-up)",
+            package="rl-core",
+        ),
+        AlgorithmSpec(
             name="distill",
             run=distill.run,
             check=distill.check,
@@ -49,6 +59,13 @@ def rl_algorithms() -> list[AlgorithmSpec]:
             description="on-policy distillation: per-token reverse KL to a teacher (policy.reference_model_name)",
             package="rl-core",
         ),
+        *_supervised_algorithms(),
+    ]
+
+
+def _supervised_algorithms() -> list[AlgorithmSpec]:
+    """The loops over fixed data (no rollouts)."""
+    return [
         AlgorithmSpec(
             name="sft",
             run=sft.run,

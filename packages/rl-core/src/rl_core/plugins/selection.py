@@ -81,6 +81,14 @@ def select(config: Config, registry: Registry, device: Device) -> Selection:
         selector_key="policy.backend",
     )
     check_declared(config, backend.chosen, None)
+    if algorithm.critic is not None:
+        if not (isinstance(backend.chosen, TrainingBackendSpec) and backend.chosen.score_head):
+            raise ConfigError(
+                f"algorithm {algorithm.name!r} trains a critic (a value model with a score head) beside the policy, "
+                f"but training backend {backend.chosen.name!r} trains no score head; choose one that does "
+                "(policy.backend=dtensor)"
+            )
+        check_declared(algorithm.critic(config), backend.chosen, None)
     engine = None
     if algorithm.uses_rollout:
         engine = choose(

@@ -163,6 +163,9 @@ class AlgorithmSpec(ComponentSpec):
     check: Callable[[Config, str], None] | None = None
     #: the model head it trains (``policy.head``: ``lm`` or ``score``); a config with another is refused.
     head: str = "lm"
+    #: for a loop that trains a value model beside the policy (PPO's critic): the config its backend is started
+    #: with (``policy`` holding the critic's model, ``head: score``); the run context's ``critic``.
+    critic: Callable[[Config], Config] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -77,3 +77,60 @@ def distillation_advantages(
     if task_advantages is not None and task_weight:
         adv = adv + task_weight * task_advantages[:, None]
     return adv * mask
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each row's action tokens, ``rewards``, ``values``, ``mask [N, T] ->
+    (advantages, returns) [N, T]``.
+
+    The steps of a row are its positions with ``mask`` set, in order (positions between them, an environment's
+    observation tokens, are skipped, not steps); after the last the episode has ended (next value 0). For steps
+    ``t`` and the next step ``t'``::
+
+        delta_t = r_t + gamma * V_t' - V_t
+        A_t     = delta_t + gamma * lam * A_t'
+        R_t     = A_t + V_t                     (the critic's target)
+
+    Both are 0 where ``mask`` is 0."""
+    import torch
+
+    mask = mask.float()
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(values.shape[0])  # [N]
+    next_advantage = values.new_zeros(values.shape[0])  # [N]
+    for t in reversed(range(values.shape[1])):
+        step = mask[:, t] > 0  # [N]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(step, advantage, 0.0)
+        next_value = torch.where(step, values[:, t], next_value)
+        next_advantage = torch.where(step, advantage, next_advantage)
+    return advantages, (advantages + values) * mask
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over the positions where ``mask [N, T]`` is set (the unbiased variance),
+    0 elsewhere; ``values [N, T] -> [N, T]``. Fewer than two positions: centred only."""
+    mask = mask.float()
+    n = mask.sum()
+    mean = (values * mask).sum() / n.clamp(min=1.0)
+    centred = (values - mean) * mask
+    if n < 2:
+        return centred
+    var = centred.square().sum() / (n - 1.0)
+    return centred / (var + eps).sqrt()
+
+
+def last_position(mask: torch.Tensor) -> torch.Tensor:
+    """``[N, T] -> [N, T]``: 1 at each row's last position with ``mask`` set (where a sample's reward is given
+    in a per-token reward), 0 elsewhere and on rows without any."""
+    import torch
+
+    mask = mask.float()
+    T = mask.shape[1]
+    index = (mask * torch.arange(1, T + 1, dtype=mask.dtype)).argmax(1)  # [N]
+    out = torch.zeros_like(mask)
+    out[torch.arange(mask.shape[0]), index] = 1.0
+    return out * (mask.sum(1, keepdim=True) > 0)

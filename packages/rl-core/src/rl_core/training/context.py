@@ -84,6 +84,9 @@ class RunContext:
     refits: int = 0
     #: multi-turn episodes (``environment.name``); None: single-turn rollouts.
     environment: EnvironmentRunner | None = None
+    #: the value model trained beside the policy (an algorithm with ``AlgorithmSpec.critic``: PPO); its checkpoint
+    #: is each checkpoint's ``critic/``.
+    critic: TrainingBackend | None = None
 
     def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]]) -> None:
         """Every ``logger.save_samples_every`` steps, a few rollouts (prompt, turns, reward) to RUN_DIR/samples.jsonl
@@ -141,6 +144,8 @@ class RunContext:
         if latest is not None:
             self.console.info(f"resuming from {latest.path} (step {latest.step})")
             self.backend.load_checkpoint(latest.policy_dir)
+            if self.critic is not None:
+                self.critic.load_checkpoint(latest.path / "critic")
             restore_rng(latest.state.get("rng", {}))
         # metrics.jsonl drops the rows after the checkpoint's step (all of them when starting from step 0), so that
         # each step of this run appears once
@@ -154,7 +159,8 @@ class RunContext:
         if not self.config.checkpointing.enabled:
             return
         full = {**state, "step": step, "metrics": dict(metrics), "rng": capture_rng()}
-        path = self.checkpoints.save(step, full, self.backend.save_checkpoint, dump_yaml(self.config))
+        also = {"critic": self.critic.save_checkpoint} if self.critic is not None else None
+        path = self.checkpoints.save(step, full, self.backend.save_checkpoint, dump_yaml(self.config), also)
         self.hook.rl_checkpoint_saved(step=step, path=path)
 
     def due(self, step: int, period: int, last: int) -> bool:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from rl_core.contracts.batch import PolicyGradientBatch, PreferenceBatch, ScoredPairBatch, TokenBatch
+    from rl_core.contracts.batch import PolicyGradientBatch, PreferenceBatch, ScoredPairBatch, TokenBatch, ValueBatch
 
 
 def kl_estimate(
@@ -266,4 +266,50 @@ class BradleyTerryLoss:
             "reward_chosen": chosen.detach().sum() / normalizer,
             "reward_rejected": rejected.detach().sum() / normalizer,
             "reward_gap": gap.sum() / normalizer,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class ValueLoss:
+    """PPO's critic loss, token level, with value clipping.
+
+    The backend's per-token output is the score head's value ``v [B, T]``; ``loss_mask`` marks the positions whose
+    value is a state's (for PPO: the position before each action token, ``rl_core.algorithms.ppo``), with their
+    targets ``batch["returns"]`` ``R`` and the values before this step's updates ``batch["old_values"]`` ``v_old``.
+    With ``c = clip`` (None: no clipping)::
+
+        v_c   = v_old + clip(v - v_old, -c, c)
+        l     = 1/2 max((v - R)^2, (v_c - R)^2)
+        loss  = sum_{b,t} m_bt l_bt / N_tokens
+
+    Metrics: ``loss``, ``clip_fraction`` (share of tokens where the clipped term is the larger), the mean value.
+    """
+
+    clip: float | None = 0.2
+    group_size: int = 1
+
+    def count(self, batch: ValueBatch) -> float:
+        return float(_loss_mask(batch).sum())
+
+    def __call__(
+        self, batch: ValueBatch, values: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        import torch
+
+        check_devices(batch, values)
+        mask = _loss_mask(batch)  # [B, T]
+        returns, old = batch["returns"].float(), batch["old_values"].float()  # [B, T]
+        unclipped = (values - returns).square()  # [B, T]
+        if self.clip is None:
+            per_token, clipped_more = unclipped, torch.zeros_like(unclipped)
+        else:
+            clipped = old + (values - old).clamp(-self.clip, self.clip)
+            clipped_loss = (clipped - returns).square()
+            per_token = torch.maximum(unclipped, clipped_loss)
+            clipped_more = (clipped_loss > unclipped).float()
+        loss = 0.5 * (per_token * mask).sum() / normalizer
+        return loss, {
+            "loss": loss.detach(),
+            "clip_fraction": (clipped_more * mask).sum() / normalizer,
+            "value": (values.detach() * mask).sum() / normalizer,
         }
