@@ -71,10 +71,21 @@ def test_certify_passes_the_dtensor_backend_with_lora_on_two_ranks(
 def test_adapters_alone_train_refit_checkpoint_and_export(
     ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path
 ):
+    from transformers import AutoTokenizer
+
     from rl_backend_dtensor.backend import make_backend as make
     from rl_rollout_hf.engine import make_engine
 
-    cfg = config(rl_registry, tiny_model_path, tmp_path / "run", "policy.generation.backend=hf")
+    own = AutoTokenizer.from_pretrained(tiny_model_path)  # a tokenizer of its own (policy.tokenizer_name)
+    own.model_max_length = 4321
+    own.save_pretrained(tmp_path / "tokenizer")
+    cfg = config(
+        rl_registry,
+        tiny_model_path,
+        tmp_path / "run",
+        "policy.generation.backend=hf",
+        f"policy.tokenizer_name={tmp_path / 'tokenizer'}",
+    )
     backend = make(cfg, cfg.section("policy.dtensor_cfg"))
     engine = make_engine(cfg, cfg.section("policy.generation.hf_cfg"))
     try:
@@ -114,6 +125,7 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
         # the export: the merged model loads as a plain one, and its adapter folder on the base gives the same policy
         backend.export_hf(tmp_path / "hf")
         assert float((hf_logprobs(tmp_path / "hf", nll) - policy).abs().max()) <= 1e-5
+        assert AutoTokenizer.from_pretrained(tmp_path / "hf").model_max_length == 4321  # the export carries it
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 

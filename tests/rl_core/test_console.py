@@ -35,3 +35,19 @@ def test_the_live_display_keeps_step_eta_and_reward_at_any_width(width: int):
     assert "10/60" in live[-1] and "eta" in live[-1] and "reward 0.5312" in live[-1], live[-1]
     kept = [f for f in frames if f.startswith("step 10/60")]
     assert kept and "val_reward 0.75" in kept[0] and len(kept[0]) <= width, kept
+
+
+def test_the_summary_accounts_for_the_whole_run_time(tmp_path, monkeypatch):
+    """The phases' shares are of the whole run, and what no step phase times (start-up, validation, checkpoints)
+    has its own entry, so the line adds up to the 'done in' figure."""
+    import rl_core.outputs.console as console_module
+
+    clock = iter([100.0, 110.0])  # reset at 100 s, the summary at 110 s
+    monkeypatch.setattr(console_module.time, "monotonic", lambda: next(clock))
+    buf = io.StringIO()
+    run = RunConsole(Console(file=buf, width=200, color_system=None), progress=False)
+    run.step(1, 1, METRICS)  # 1.2 + 2.3 + 0.1 = 3.6 s of phases
+    run.summary(tmp_path, final=None, checkpoints=None)
+    said = buf.getvalue()
+    assert "done in 10 s (1 steps)" in said
+    assert "generate 1 s (12%), train 2 s (23%), refit 0 s (1%), start-up, validation, checkpoints 6 s (64%)" in said

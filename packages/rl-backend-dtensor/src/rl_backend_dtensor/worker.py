@@ -328,7 +328,7 @@ class DTensorWorker:
                 base.save_pretrained(path, state_dict=lora.merged(full, self.lora.scale), safe_serialization=True)
             else:
                 self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+            AutoTokenizer.from_pretrained(self.policy.tokenizer_name or self.model_path).save_pretrained(path)
         if self.world_size > 1:
             dist.barrier()
 

@@ -279,7 +279,7 @@ class MegatronWorker:
             model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
             model.load_state_dict(hf, strict=not self.hf_config.tie_word_embeddings)
             model.save_pretrained(path, safe_serialization=True)
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+            AutoTokenizer.from_pretrained(self.policy.tokenizer_name or self.model_path).save_pretrained(path)
         dist.barrier()
 
     # -- checkpoints: Megatron dist-checkpointing (torch_dist), loadable by any TP layout --------------------------

@@ -118,7 +118,9 @@ def ppo_step(
     assert ctx.critic is not None, "ppo's AlgorithmSpec declares a critic"
     on = sample(ctx, cfg, sampler, step)
     batch, mask = on.batch, on.batch["loss_mask"]
-    rows: TokenBatch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "loss_mask": mask}
+    # the critic is read at the position before each action token (its state: the tokens before the action)
+    states = shift(mask, -1)  # [N, T]
+    rows: TokenBatch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "loss_mask": states}
     with on.phases("values"):
         values = shift(ctx.critic.logprobs(rows), 1) * mask  # [N, T] V(x_<t) at each action token t
     rewards = torch.tensor(on.scored.rewards, dtype=torch.float32)[:, None] * adv.last_position(mask)  # [N, T]
@@ -128,12 +130,7 @@ def ppo_step(
     if cfg.kl_penalty > 0:
         rewards = rewards - cfg.kl_penalty * (on.logprobs - batch["reference_logprobs"]) * mask
     advantages, returns = adv.gae(rewards, values, mask, cfg.gamma, cfg.lam)  # [N, T] each
-    critic_batch: ValueBatch = {
-        **rows,
-        "loss_mask": shift(mask, -1),
-        "returns": shift(returns, -1),
-        "old_values": shift(values, -1),
-    }
+    critic_batch: ValueBatch = {**rows, "returns": shift(returns, -1), "old_values": shift(values, -1)}
     with on.phases("train_critic"):
         critic_metrics = ctx.critic.train(critic_batch, value_loss)
     metrics = {**prefixed("critic", critic_metrics), "ppo/shaped_reward": float((rewards * mask).sum(1).mean())}

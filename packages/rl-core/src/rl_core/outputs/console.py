@@ -131,14 +131,16 @@ class RunConsole:
 
     def summary(self, run_dir: Path, *, final: Path | None, checkpoints: Path | None) -> None:
         """Before/after validation, time per phase, and where the run's outputs are."""
-        self.section(f"done in {time.monotonic() - self.started:.0f} s ({self.steps_run} steps)")
+        elapsed = time.monotonic() - self.started
+        self.section(f"done in {elapsed:.0f} s ({self.steps_run} steps)")
         for key in sorted(self.last_val):
             before = self.first_val.get(key)
             after = self.last_val[key]
             self._print(f"  {key}: {before:.4g} -> {after:.4g}" if before is not None else f"  {key}: {after:.4g}")
         total = sum(self.phase_seconds.values())
-        if total > 0:
-            phases = ", ".join(f"{k} {v:.0f} s ({100 * v / total:.0f}%)" for k, v in self.phase_seconds.items())
+        if total > 0:  # shares of the whole run; the rest is what no step phase times
+            parts = [*self.phase_seconds.items(), ("start-up, validation, checkpoints", max(elapsed - total, 0.0))]
+            phases = ", ".join(f"{k} {v:.0f} s ({100 * v / elapsed:.0f}%)" for k, v in parts)
             self._print(f"  time: {phases}")
         self._print(f"  metrics: {run_dir / 'metrics.jsonl'} (plot: rl-core plot {run_dir})")
         if checkpoints is not None:
