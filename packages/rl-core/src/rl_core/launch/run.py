@@ -230,14 +230,11 @@ def build_components(
 
     tokenizer = AutoTokenizer.from_pretrained(config.policy.tokenizer_name or config.policy.model_name)
     backend_spec = registry.get(TrainingBackendSpec, chosen.backend.chosen.name)
-    console.info(f"starting the training backend ({backend_spec.name}, {config.policy.num_workers} rank(s))...")
-    backend = started(
-        "training backend",
-        backend_spec,
-        lambda: backend_spec.factory(config, config.sections.get(backend_spec.config_key or "")),
-    )
-    stack.callback(backend.shutdown)
-    value_model = start_critic(config, registry, backend_spec, console, stack) if critic else None
+    backend = start_backend("training backend", config, backend_spec, console, stack)
+    make_critic = registry.get(AlgorithmSpec, config.algorithm).critic  # PPO's value model, on the same backend
+    value_model = None
+    if critic and make_critic is not None:
+        value_model = start_backend("critic", make_critic(config), backend_spec, console, stack)
     engine = None
     if chosen.engine is not None:
         engine_spec = registry.get(RolloutEngineSpec, chosen.engine.chosen.name)
@@ -268,27 +265,15 @@ def build_components(
     )
 
 
-def start_critic(
-    config: Config,
-    registry: Registry,
-    backend_spec: TrainingBackendSpec,
-    console: RunConsole,
-    stack: contextlib.ExitStack,
-) -> TrainingBackend | None:
-    """The value model an algorithm trains beside the policy (``AlgorithmSpec.critic``: PPO's), on the policy's
-    backend; None for the others. Shut down by ``stack``."""
-    make_critic = registry.get(AlgorithmSpec, config.algorithm).critic
-    if make_critic is None:
-        return None
-    critic_config = make_critic(config)
-    console.info(f"starting the critic ({backend_spec.name}, {critic_config.policy.num_workers} rank(s))...")
-    critic = started(
-        "critic",
-        backend_spec,
-        lambda: backend_spec.factory(critic_config, config.sections.get(backend_spec.config_key or "")),
-    )
-    stack.callback(critic.shutdown)
-    return critic
+def start_backend(
+    role: str, config: Config, spec: TrainingBackendSpec, console: RunConsole, stack: contextlib.ExitStack
+) -> TrainingBackend:
+    """Training backend ``spec`` started with ``config`` (the run's, or a critic's from ``AlgorithmSpec.critic``),
+    shut down by ``stack``."""
+    console.info(f"starting the {role} ({spec.name}, {config.policy.num_workers} rank(s))...")
+    backend = started(role, spec, lambda: spec.factory(config, config.sections.get(spec.config_key or "")))
+    stack.callback(backend.shutdown)
+    return backend
 
 
 def start_rewards(config: Config, registry: Registry, stack: contextlib.ExitStack) -> list[NamedRewardSource]:
