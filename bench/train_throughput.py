@@ -7,7 +7,8 @@ shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cor
 - ``rl-wide-vocab``: the same body with a 32768-token vocabulary (random init, as real tokenizers are wide), 16
   rows of a 192-token prompt and a 64-token response, loss on the response (the RL shape), micro-batches of 8,
   one rank; also the backend with ``logits_at_loss_positions=false`` (logits everywhere, as before it), so the
-  change is measured on its own.
+  change is measured on its own. On this shape the logprob pass (``TrainingBackend.logprobs``: the previous and
+  reference policies' forward, no gradient) is timed too, against the bare model's forward and log-softmax.
 
     python bench/train_throughput.py [--shapes small,rl-wide-vocab] [--reps 3] [--steps 3]
 """
@@ -64,6 +65,19 @@ class Bare:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
 
+    @torch.no_grad()
+    def logprobs(self, batch: B.Batch, steps: int) -> list[float]:
+        """The logprob pass: one forward of the whole batch, the log-softmax at every position."""
+        out = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            logits = self.model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+            ).logits
+            B.token_logprobs(logits, batch["input_ids"])
+            out.append(time.perf_counter() - start)
+        return out
+
     def run(self, batch: B.Batch, steps: int, micro: int) -> list[float]:
         from rl_core.training.losses import NLLLoss
 
@@ -110,19 +124,23 @@ def main() -> None:
             "bare PyTorch tok/s",
             "DTensor / bare",
             "logits everywhere (before) / bare",
+            "logprob pass / bare (before)",
             "s/step range (ours / bare)",
         ),
         notes="AdamW, NLL loss, fp32. small: qwen2-small, 32 rows x 128 tokens, loss on every token, micro-batches of "
         "16. rl-wide-vocab: the same body with a 32768-token vocabulary, 16 rows x (192 prompt + 64 response) tokens, "
         "loss on the response, micro-batches of 8. tok/s counts every token of the batch. The DTensor backend's ranks "
         "are Ray actors sharing the machine's 2 cores (one rank: unwrapped, 2 threads; two ranks: FSDP2 over gloo, 1 "
-        "thread each) against the same loop in the benchmark process (2 threads), alternated.",
+        "thread each) against the same loop in the benchmark process (2 threads), alternated. logprob pass: "
+        "TrainingBackend.logprobs on the batch (one chunk of 16 rows, no gradient) vs the bare model's forward and "
+        "log-softmax; in brackets the backend with logits everywhere.",
     )
 
 
 def row(entry: dict[str, Any]) -> tuple[str, ...]:
     o, b = entry["dtensor_step_s"], entry["bare_step_s"]
     before = entry.get("logits_everywhere_vs_bare")
+    lp = entry.get("logprob_pass")
     return (
         entry["shape"],
         str(entry["ranks"]),
@@ -130,6 +148,7 @@ def row(entry: dict[str, Any]) -> tuple[str, ...]:
         f"{entry['tokens_per_step'] / b['median']:.0f}",
         f"**{entry['dtensor_vs_bare']:.2f}x**",
         "-" if before is None else f"{before:.2f}x",
+        "-" if lp is None else f"{lp['dtensor_vs_bare']:.2f}x ({lp['logits_everywhere_vs_bare']:.2f}x)",
         f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
     )
 
@@ -160,9 +179,15 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
         sides = {key: backend_steps(config, flag, batch, args.steps) for key, flag in variants.items()}
         bare = Bare(model)
         bare.run(batch, 1, shape["micro"])  # warm-up
-        sides["bare"] = (lambda: bare.run(batch, args.steps, shape["micro"]), lambda: None)
-        times = alternate({key: run for key, (run, _) in sides.items()}, args.reps)
-        for _, close in sides.values():
+        bare.logprobs(batch, 1)
+        sides["bare"] = (
+            lambda: bare.run(batch, args.steps, shape["micro"]),
+            lambda: bare.logprobs(batch, args.steps),
+            lambda: None,
+        )
+        times = alternate({key: run for key, (run, _, _) in sides.items()}, args.reps)
+        passes = alternate({key: lp for key, (_, lp, _) in sides.items()}, args.reps) if shape["prompt"] else None
+        for _, _, close in sides.values():
             close()
     medians = {key: stats(t) for key, t in times.items()}
     entry = {
@@ -176,11 +201,19 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
     if "logits everywhere" in medians:
         entry["logits_everywhere_step_s"] = medians["logits everywhere"]
         entry["logits_everywhere_vs_bare"] = medians["bare"]["median"] / medians["logits everywhere"]["median"]
+    if passes is not None:
+        lp = {key: stats(t) for key, t in passes.items()}
+        entry["logprob_pass"] = {
+            **{f"{key.replace(' ', '_')}_s": value for key, value in lp.items()},
+            "dtensor_vs_bare": lp["bare"]["median"] / lp["dtensor"]["median"],
+            "logits_everywhere_vs_bare": lp["bare"]["median"] / lp["logits everywhere"]["median"],
+        }
     return entry
 
 
-def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int) -> tuple[Any, Any]:
-    """A started DTensor backend (``logits_at_loss_positions`` as given), warmed up: (run ``steps``, shut down)."""
+def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int) -> tuple[Any, Any, Any]:
+    """A started DTensor backend (``logits_at_loss_positions`` as given), warmed up: (train ``steps``, ``steps``
+    logprob passes, shut down)."""
     from rl_backend_dtensor.backend import make_backend
     from rl_backend_dtensor.config import DTensorConfig
     from rl_core.training.losses import NLLLoss
@@ -189,6 +222,15 @@ def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int)
     assert isinstance(section, DTensorConfig)
     backend = make_backend(config, attrs.evolve(section, logits_at_loss_positions=loss_positions))
     backend.train(batch, NLLLoss())
+    backend.logprobs(batch)
+
+    def logprobs() -> list[float]:
+        out = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            backend.logprobs(batch)
+            out.append(time.perf_counter() - start)
+        return out
 
     def run() -> list[float]:
         out = []
@@ -198,7 +240,7 @@ def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int)
             out.append(time.perf_counter() - start)
         return out
 
-    return run, backend.shutdown
+    return run, logprobs, backend.shutdown
 
 
 def batch_vocab(model: str) -> int:

@@ -44,6 +44,11 @@ def config(rl_registry, model: Path, run_dir: Path, *overrides: str):
     )
 
 
+def hf_at_loss(model: Path, batch: dict):
+    """A plain HF forward's logprobs where the backend gives them (under ``loss_mask``; it skips the rest)."""
+    return hf_logprobs(model, batch) * batch["loss_mask"]
+
+
 def make_backend(rl_registry, model: Path, run_dir: Path, *overrides: str):
     from rl_backend_dtensor.backend import make_backend as make
 
@@ -90,7 +95,7 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
     engine = make_engine(cfg, cfg.section("policy.generation.hf_cfg"))
     try:
         nll = sample_batch(tokenizer)
-        base = hf_logprobs(tiny_model_path, nll)  # a separate copy of the base model
+        base = hf_at_loss(tiny_model_path, nll)  # a separate copy of the base model
         for _ in range(3):
             backend.train(nll, NLLLoss())
         # the reference is the base with the adapters off: the separate copy's logprobs, though the policy moved
@@ -124,7 +129,7 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
 
         # the export: the merged model loads as a plain one, and its adapter folder on the base gives the same policy
         backend.export_hf(tmp_path / "hf")
-        assert float((hf_logprobs(tmp_path / "hf", nll) - policy).abs().max()) <= 1e-5
+        assert float((hf_at_loss(tmp_path / "hf", nll) - policy).abs().max()) <= 1e-5
         assert AutoTokenizer.from_pretrained(tmp_path / "hf").model_max_length == 4321  # the export carries it
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
@@ -135,7 +140,7 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
             logits = adapted(input_ids=nll["input_ids"], attention_mask=nll["attention_mask"]).logits
         from rl_core.contracts.batch import token_logprobs
 
-        assert float((token_logprobs(logits, nll["input_ids"]) * nll["attention_mask"] - policy).abs().max()) <= 1e-5
+        assert float((token_logprobs(logits, nll["input_ids"]) * nll["loss_mask"] - policy).abs().max()) <= 1e-5
 
         # and the engine certified with adapters (over the base's own weights first): adapter-only refits take
         # effect, zero adapters give the base back
@@ -172,7 +177,7 @@ def test_a_named_reference_model_is_the_reference_even_with_lora(
     )
     try:
         nll = sample_batch(tokenizer)
-        teacher, base = hf_logprobs(tiny_llama_path, nll), hf_logprobs(tiny_model_path, nll)
+        teacher, base = hf_at_loss(tiny_llama_path, nll), hf_at_loss(tiny_model_path, nll)
         reference = backend.reference_logprobs(nll)
         assert float((reference - teacher).abs().max()) <= 1e-5
         assert float((reference - base).abs().max()) > 1e-2

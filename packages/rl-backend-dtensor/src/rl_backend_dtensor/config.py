@@ -17,9 +17,10 @@ class DTensorConfig:
     #: bf16 compute (autocast; sharded, also bf16 parameter all-gathers) with fp32 master weights and gradient
     #: reduction.
     mixed_precision: bool = False
-    #: in training, run the output layer and log-softmax only at the positions that carry loss (same values and
-    #: gradients; the saving grows with the vocabulary and the prompt's share of the tokens). Off: logits
-    #: everywhere, for a custom loss that reads logprobs outside ``loss_mask``.
+    #: in training and in the logprob passes (previous and reference policies), run the output layer and
+    #: log-softmax only at the positions that carry loss (same values and gradients there; 0 elsewhere; the saving
+    #: grows with the vocabulary and the prompt's share of the tokens). Off: logits everywhere, for a custom loss
+    #: or algorithm that reads logprobs outside ``loss_mask``.
     logits_at_loss_positions: bool = True
     #: micro-batches by token budget instead of a fixed row count.
     dynamic_batching: bool = False

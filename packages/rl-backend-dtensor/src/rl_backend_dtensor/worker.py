@@ -202,7 +202,8 @@ class DTensorWorker:
     def _all_logprobs(self, model: Any, shard: B.Batch) -> torch.Tensor:
         model.eval()
         rows = B.num_rows(shard)
-        parts = [self._logprobs(model, mb).float().cpu() for mb in self._chunks(shard)]
+        loss_only = self.cfg.logits_at_loss_positions
+        parts = [self._logprobs(model, mb, loss_only).float().cpu() for mb in self._chunks(shard)]
         return B.concat([{"input_ids": p} for p in parts])["input_ids"][:rows]
 
     # -- training -------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from rl_core.base.schema import LossConfig
-from rl_core.certify.card import DECAYING_SCHEDULE, INVARIANCE_BOUND, SGD_OVERRIDES, Card, Outcome, fmt
+from rl_core.certify.card import DECAYING_SCHEDULE, INVARIANCE_BOUND, SGD_OVERRIDES, Card, Outcome, fmt, gap
 from rl_core.certify.conformance import hf_logprobs, sample_batch
 from rl_core.contracts import batch as B
 from rl_core.contracts.protocols import TrainingBackend
@@ -157,7 +157,7 @@ def check_protocol(case: BackendCase) -> Outcome:
 
 def check_parity(case: BackendCase) -> Outcome:
 
-    g = float((case.before - hf_logprobs(case.model_path, case.nll)).abs().max())
+    g = gap(case.before, hf_logprobs(case.model_path, case.nll), case.nll["loss_mask"])
     return g <= 1e-5, fmt(g)
 
 
@@ -169,7 +169,7 @@ def check_padding(case: BackendCase) -> Outcome:
 
 def check_reference(case: BackendCase) -> Outcome:
     """The reference policy's logprobs are the initial policy's (before training, and after it)."""
-    g = float((case.backend.reference_logprobs(case.nll) - case.before).abs().max())
+    g = gap(case.backend.reference_logprobs(case.nll), case.before, case.nll["loss_mask"])
     return g <= 1e-5, fmt(g)
 
 
@@ -218,7 +218,7 @@ def check_export(case: BackendCase) -> Outcome:
     case.backend.export_hf(case.work / "hf")
     exported = safetensors_in(case.work / "hf")
     d = max_diff(common(case.weights(), exported), exported)
-    g = float((hf_logprobs(case.work / "hf", case.nll) - case.backend.logprobs(case.nll)).abs().max())
+    g = gap(hf_logprobs(case.work / "hf", case.nll), case.backend.logprobs(case.nll), case.nll["loss_mask"])
     return d == 0.0 and g <= 1e-5, f"weights {fmt(d)}, logprobs {fmt(g)}"
 
 

@@ -94,12 +94,13 @@ class TrainingBackend(Protocol):
         ...
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """``[B, T]`` log-probabilities of ``batch["input_ids"]`` under the current policy (0 on padding and at
-        position 0)."""
+        """``[B, T]`` log-probabilities of ``batch["input_ids"]`` under the current policy where
+        ``batch["loss_mask"]`` is set; 0 on padding and at position 0, and elsewhere either the logprob or 0 (the
+        core reads them only under ``loss_mask``, as a loss does, so a backend may skip the logits there)."""
         ...
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """``[B, T]`` log-probabilities under the frozen reference (initial) policy."""
+        """``[B, T]`` log-probabilities under the frozen reference (initial) policy, as ``logprobs`` gives them."""
         ...
 
     def save_checkpoint(self, path: Path) -> None: ...
