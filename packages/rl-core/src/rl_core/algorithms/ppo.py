@@ -31,7 +31,7 @@ from rl_core.training import advantages as adv
 from rl_core.training.context import RunContext
 from rl_core.training.loops import prefixed
 from rl_core.training.losses import ClippedPGLoss, ValueLoss
-from rl_core.training.onpolicy import run_on_policy, sample, update
+from rl_core.training.onpolicy import run_on_policy, sample, step_metrics, update
 
 if TYPE_CHECKING:
     import torch
@@ -111,8 +111,6 @@ def run(ctx: RunContext) -> dict[str, float]:
 def ppo_step(
     ctx: RunContext, cfg: PPOConfig, sampler: EpochSampler, pg_loss: ClippedPGLoss, value_loss: ValueLoss, step: int
 ) -> dict[str, float]:
-    import time
-
     import torch
 
     assert ctx.critic is not None, "ppo's AlgorithmSpec declares a critic"
@@ -138,7 +136,7 @@ def ppo_step(
     if explained is not None:
         metrics["critic/explained_variance"] = explained
     if step <= cfg.critic.warmup_steps:  # the critic alone: the policy and the engine stay as they are
-        return {**on.metrics, **metrics, **on.phases.metrics(), "time/step": time.perf_counter() - on.start}
+        return step_metrics(on, metrics)
     batch["advantages"] = adv.masked_whiten(advantages, mask) if cfg.whiten_advantages else advantages
     batch["prev_logprobs"] = on.logprobs
     return {**update(ctx, on, pg_loss), **metrics}

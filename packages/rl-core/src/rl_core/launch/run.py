@@ -231,7 +231,7 @@ def build_components(
     tokenizer = AutoTokenizer.from_pretrained(config.policy.tokenizer_name or config.policy.model_name)
     backend_spec = registry.get(TrainingBackendSpec, chosen.backend.chosen.name)
     backend = start_backend("training backend", config, backend_spec, console, stack)
-    make_critic = registry.get(AlgorithmSpec, config.algorithm).critic  # PPO's value model, on the same backend
+    make_critic = chosen.algorithm.critic  # PPO's value model, on the same backend
     value_model = None
     if critic and make_critic is not None:
         value_model = start_backend("critic", make_critic(config), backend_spec, console, stack)

@@ -89,11 +89,16 @@ def update(ctx: RunContext, on: OnPolicyBatch, loss_fn: ClippedPGLoss) -> dict[s
     engine_drift(train_metrics)  # measured before the update, by the backend
     with on.phases("refit"):
         refit_stats = refit(ctx)
-    return {
-        **on.metrics,
-        **prefixed("train", train_metrics),
-        "refit/bytes": float(refit_stats.num_bytes),
-        "refit/seconds": refit_stats.seconds,
-        **on.phases.metrics(),
-        "time/step": time.perf_counter() - on.start,
-    }
+    return step_metrics(
+        on,
+        {
+            **prefixed("train", train_metrics),
+            "refit/bytes": float(refit_stats.num_bytes),
+            "refit/seconds": refit_stats.seconds,
+        },
+    )
+
+
+def step_metrics(on: OnPolicyBatch, more: dict[str, float]) -> dict[str, float]:
+    """The step's metrics: the rollouts' and health's, ``more``, its phase times and its wall time so far."""
+    return {**on.metrics, **more, **on.phases.metrics(), "time/step": time.perf_counter() - on.start}
