@@ -8,9 +8,13 @@ shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cor
   rows of a 192-token prompt and a 64-token response, loss on the response (the RL shape), micro-batches of 8,
   one rank; also the backend with ``logits_at_loss_positions=false`` (logits everywhere, as before it), so the
   change is measured on its own. On this shape the logprob pass (``TrainingBackend.logprobs``: the previous and
-  reference policies' forward, no gradient) is timed too, against the bare model's forward and log-softmax.
+  reference policies' forward, no gradient) is timed too, against the bare model's forward and log-softmax;
+- ``rl-varied-lengths``: the same wide model, 32 rows of prompts from 64 to 320 tokens (evenly spread) and a
+  64-token response, loss on the response, micro-batches of 16 (padded to the batch's longest row, as the bare loop
+  and a fixed row count take them); also the backend with micro-batches by token budget
+  (``dynamic_batching``: rows longest first, each micro-batch trimmed to its longest row).
 
-    python bench/train_throughput.py [--shapes small,rl-wide-vocab] [--reps 3] [--steps 3]
+    python bench/train_throughput.py [--shapes small,rl-wide-vocab,rl-varied-lengths] [--reps 3] [--steps 3]
 """
 
 from __future__ import annotations
@@ -31,7 +35,24 @@ from rl_core.data.tiny_models import ensure_tiny_model
 LR = 1e-5
 SHAPES: dict[str, dict[str, Any]] = {
     "small": {"vocab": None, "rows": 32, "prompt": 0, "length": 128, "micro": 16, "ranks": (1, 2)},
-    "rl-wide-vocab": {"vocab": 32768, "rows": 16, "prompt": 192, "length": 256, "micro": 8, "ranks": (1,)},
+    "rl-wide-vocab": {
+        "vocab": 32768,
+        "rows": 16,
+        "prompt": 192,
+        "length": 256,
+        "micro": 8,
+        "ranks": (1,),
+        "variants": {"logits everywhere": {"logits_at_loss_positions": False}},
+    },
+    "rl-varied-lengths": {
+        "vocab": 32768,
+        "rows": 32,
+        "prompt": (64, 320),
+        "length": 64,
+        "micro": 16,
+        "ranks": (1,),
+        "variants": {"token budget": {"dynamic_batching": True, "max_tokens_per_microbatch": 4096}},
+    },
 }
 
 
@@ -49,13 +70,24 @@ def model_folder(vocab: int | None, tmp: Path) -> str:
     return str(tmp / f"vocab{vocab}")
 
 
-def make_batch(vocab: int, rows: int, length: int, prompt: int = 0) -> B.Batch:
-    """Random tokens; the loss on every position after the first ``prompt``."""
+def make_batch(vocab: int, rows: int, length: int, prompt: int | tuple[int, int] = 0) -> B.Batch:
+    """Random tokens; the loss on every position after the first ``prompt``. With ``prompt=(shortest, longest)``
+    the rows' prompts are of lengths evenly spread between the two, each followed by ``length`` response tokens
+    (right-padded to the longest row)."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, vocab, (rows, length), generator=g)
-    loss_mask = torch.ones(ids.shape)
-    loss_mask[:, :prompt] = 0.0
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
+    if isinstance(prompt, int):
+        ids = torch.randint(2, vocab, (rows, length), generator=g)
+        loss_mask = torch.ones(ids.shape)
+        loss_mask[:, :prompt] = 0.0
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
+    prompts = torch.linspace(prompt[0], prompt[1], rows).round().long()
+    order = torch.randperm(rows, generator=g)  # lengths in no particular order, as rollouts come
+    rows_ids = [torch.randint(2, vocab, (int(p) + length,), generator=g).tolist() for p in prompts[order]]
+    ids, attn = B.pad_rows(rows_ids, 0)
+    loss_mask = torch.zeros(ids.shape)
+    for i, p in enumerate(prompts[order].tolist()):
+        loss_mask[i, p : p + length] = 1.0
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
 class Bare:
@@ -123,8 +155,8 @@ def main() -> None:
             "DTensor tok/s",
             "bare PyTorch tok/s",
             "DTensor / bare",
-            "logits everywhere (before) / bare",
-            "logprob pass / bare (before)",
+            "other settings / bare",
+            "logprob pass / bare (other settings)",
             "s/step range (ours / bare)",
         ),
         notes="AdamW, NLL loss, fp32. small: qwen2-small, 32 rows x 128 tokens, loss on every token, micro-batches of "
@@ -133,13 +165,16 @@ def main() -> None:
         "are Ray actors sharing the machine's 2 cores (one rank: unwrapped, 2 threads; two ranks: FSDP2 over gloo, 1 "
         "thread each) against the same loop in the benchmark process (2 threads), alternated. logprob pass: "
         "TrainingBackend.logprobs on the batch (one chunk of 16 rows, no gradient) vs the bare model's forward and "
-        "log-softmax; in brackets the backend with logits everywhere.",
+        "log-softmax. Other settings: the same backend with logits everywhere (`logits_at_loss_positions=false`, as "
+        "before that change) or with micro-batches by token budget (`dynamic_batching=true`, 4096 tokens: rows "
+        "longest first, each micro-batch trimmed). rl-varied-lengths: 32 rows, prompts of 64 to 320 tokens and a "
+        "64-token response, micro-batches of 16; tok/s counts the rows' own tokens, not padding.",
     )
 
 
 def row(entry: dict[str, Any]) -> tuple[str, ...]:
     o, b = entry["dtensor_step_s"], entry["bare_step_s"]
-    before = entry.get("logits_everywhere_vs_bare")
+    others = entry["others_vs_bare"]
     lp = entry.get("logprob_pass")
     return (
         entry["shape"],
@@ -147,8 +182,10 @@ def row(entry: dict[str, Any]) -> tuple[str, ...]:
         f"{entry['tokens_per_step'] / o['median']:.0f}",
         f"{entry['tokens_per_step'] / b['median']:.0f}",
         f"**{entry['dtensor_vs_bare']:.2f}x**",
-        "-" if before is None else f"{before:.2f}x",
-        "-" if lp is None else f"{lp['dtensor_vs_bare']:.2f}x ({lp['logits_everywhere_vs_bare']:.2f}x)",
+        ", ".join(f"{k} {v:.2f}x" for k, v in others.items()) or "-",
+        "-"
+        if lp is None
+        else f"**{lp['dtensor_vs_bare']:.2f}x**" + "".join(f"; {k} {v:.2f}x" for k, v in lp["others_vs_bare"].items()),
         f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
     )
 
@@ -160,7 +197,7 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
 
     registry = Registry.discover()
     batch = make_batch(int(batch_vocab(model)), shape["rows"], shape["length"], shape["prompt"])
-    variants = {"dtensor": True, **({"logits everywhere": False} if shape["prompt"] else {})}
+    variants: dict[str, dict[str, Any]] = {"dtensor": {}, **shape.get("variants", {})}
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(
             None,
@@ -176,7 +213,7 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
             registry,
         )
         init_ray(config.cluster, verbose=False)
-        sides = {key: backend_steps(config, flag, batch, args.steps) for key, flag in variants.items()}
+        sides = {key: backend_steps(config, changes, batch, args.steps) for key, changes in variants.items()}
         bare = Bare(model)
         bare.run(batch, 1, shape["micro"])  # warm-up
         bare.logprobs(batch, 1)
@@ -198,21 +235,21 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
         "bare_step_s": medians["bare"],
         "dtensor_vs_bare": medians["bare"]["median"] / medians["dtensor"]["median"],
     }
-    if "logits everywhere" in medians:
-        entry["logits_everywhere_step_s"] = medians["logits everywhere"]
-        entry["logits_everywhere_vs_bare"] = medians["bare"]["median"] / medians["logits everywhere"]["median"]
+    others = [key for key in variants if key != "dtensor"]
+    entry["others_step_s"] = {key: medians[key] for key in others}
+    entry["others_vs_bare"] = {key: medians["bare"]["median"] / medians[key]["median"] for key in others}
     if passes is not None:
         lp = {key: stats(t) for key, t in passes.items()}
         entry["logprob_pass"] = {
-            **{f"{key.replace(' ', '_')}_s": value for key, value in lp.items()},
+            "step_s": lp,
             "dtensor_vs_bare": lp["bare"]["median"] / lp["dtensor"]["median"],
-            "logits_everywhere_vs_bare": lp["bare"]["median"] / lp["logits everywhere"]["median"],
+            "others_vs_bare": {key: lp["bare"]["median"] / lp[key]["median"] for key in others},
         }
     return entry
 
 
-def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int) -> tuple[Any, Any, Any]:
-    """A started DTensor backend (``logits_at_loss_positions`` as given), warmed up: (train ``steps``, ``steps``
+def backend_steps(config: Any, changes: dict[str, Any], batch: B.Batch, steps: int) -> tuple[Any, Any, Any]:
+    """A started DTensor backend (``policy.dtensor_cfg`` with ``changes``), warmed up: (train ``steps``, ``steps``
     logprob passes, shut down)."""
     from rl_backend_dtensor.backend import make_backend
     from rl_backend_dtensor.config import DTensorConfig
@@ -220,7 +257,7 @@ def backend_steps(config: Any, loss_positions: bool, batch: B.Batch, steps: int)
 
     section = config.section("policy.dtensor_cfg")
     assert isinstance(section, DTensorConfig)
-    backend = make_backend(config, attrs.evolve(section, logits_at_loss_positions=loss_positions))
+    backend = make_backend(config, attrs.evolve(section, **changes))
     backend.train(batch, NLLLoss())
     backend.logprobs(batch)
 

@@ -39,6 +39,13 @@ def test_token_budget_micro_batches():
     assert [p["input_ids"].shape[1] for p in parts] == [2, 4, 1]
 
 
+def test_longest_first_orders_whole_groups_by_their_longest_row():
+    # groups of two: lengths (1, 2), (4, 1), (2, 2) -> longest rows 2, 4, 2 -> group 1, then 0 and 2 as they were
+    b = make([[1], [1, 1], [1, 1, 1, 1], [1], [1, 1], [1, 1]])
+    assert B.longest_first(b, group_size=2).tolist() == [2, 3, 0, 1, 4, 5]
+    assert B.longest_first(b).tolist() == [2, 1, 4, 5, 0, 3]
+
+
 def test_pack_unpack_roundtrip():
     b = make([[3, 4, 5], [6]])
     ids, pos, lengths = B.pack(b["input_ids"], b["attention_mask"])

@@ -22,7 +22,8 @@ class DTensorConfig:
     #: grows with the vocabulary and the prompt's share of the tokens). Off: logits everywhere, for a custom loss
     #: or algorithm that reads logprobs outside ``loss_mask``.
     logits_at_loss_positions: bool = True
-    #: micro-batches by token budget instead of a fixed row count.
+    #: micro-batches by token budget instead of a fixed row count: rows longest first, each micro-batch trimmed to
+    #: its longest row, so little padding is computed where lengths vary (the same results up to float rounding).
     dynamic_batching: bool = False
     max_tokens_per_microbatch: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
     #: FSDP2 CPU offload of parameters, gradients and optimizer state (useful on GPU).

@@ -173,9 +173,12 @@ class DTensorWorker:
         return values[0].squeeze(-1).float() * (need > 0)  # [R, T, 1] -> [R, T]
 
     def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> list[B.Batch]:
-        """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes."""
+        """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes. By token
+        budget, the rows go longest first (``B.longest_first``; the logprob pass puts them back in order): rows of
+        like length share a micro-batch, which is trimmed to its longest row, so little padding is computed."""
         if self.cfg.dynamic_batching:
-            mbs = B.token_budget_micro_batches(shard, self.cfg.max_tokens_per_microbatch, group_size)
+            ordered = B.select(shard, B.longest_first(shard, group_size))
+            mbs = B.token_budget_micro_batches(ordered, self.cfg.max_tokens_per_microbatch, group_size)
         else:
             mbs = B.micro_batches(shard, size, group_size)
         count = torch.tensor([len(mbs)])
@@ -204,7 +207,12 @@ class DTensorWorker:
         rows = B.num_rows(shard)
         loss_only = self.cfg.logits_at_loss_positions
         parts = [self._logprobs(model, mb, loss_only).float().cpu() for mb in self._chunks(shard)]
-        return B.concat([{"input_ids": p} for p in parts])["input_ids"][:rows]
+        out = B.concat([{"input_ids": p} for p in parts])["input_ids"][:rows]  # [rows, T] in the chunks' order
+        if not self.cfg.dynamic_batching:
+            return out
+        restored = torch.empty_like(out)
+        restored[B.longest_first(shard)] = out
+        return restored
 
     # -- training -------------------------------------------------------------------------------------------------
 

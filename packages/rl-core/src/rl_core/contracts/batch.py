@@ -126,6 +126,16 @@ def token_budget_micro_batches(batch: BatchT, max_tokens: int, group_size: int =
     return out
 
 
+def longest_first(batch: Mapping[str, Any], group_size: int = 1) -> torch.Tensor:
+    """``[B]`` row order that puts whole groups of ``group_size`` rows longest first (a stable sort on each group's
+    longest row), so that micro-batches of neighbouring rows are of like length and carry little padding."""
+    import torch
+
+    lengths = batch["attention_mask"].sum(1).view(-1, group_size).amax(1)  # [B / g]
+    groups = torch.sort(lengths, descending=True, stable=True).indices  # [B / g]
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()  # [B]
+
+
 def trim(batch: BatchT) -> BatchT:
     """Drop padding columns beyond the longest row."""
     width = int(batch["attention_mask"].sum(1).max())
