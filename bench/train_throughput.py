@@ -12,7 +12,9 @@ shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cor
 - ``rl-varied-lengths``: the same wide model, 32 rows of prompts from 64 to 320 tokens (evenly spread) and a
   64-token response, loss on the response, micro-batches of 16 (padded to the batch's longest row, as the bare loop
   and a fixed row count take them); also the backend with micro-batches by token budget
-  (``dynamic_batching``: rows longest first, each micro-batch trimmed to its longest row).
+  (``dynamic_batching``: rows longest first, each micro-batch trimmed to its longest row) and with
+  ``sequence_packing`` (each micro-batch's rows in one row, no padding; Hugging Face's SDPA path then masks
+  attention across the whole packed row).
 
     python bench/train_throughput.py [--shapes small,rl-wide-vocab,rl-varied-lengths] [--reps 3] [--steps 3]
 """
@@ -51,7 +53,10 @@ SHAPES: dict[str, dict[str, Any]] = {
         "length": 64,
         "micro": 16,
         "ranks": (1,),
-        "variants": {"token budget": {"dynamic_batching": True, "max_tokens_per_microbatch": 4096}},
+        "variants": {
+            "token budget": {"dynamic_batching": True, "max_tokens_per_microbatch": 4096},
+            "sequence packing": {"sequence_packing": True},
+        },
     },
 }
 
@@ -167,8 +172,9 @@ def main() -> None:
         "TrainingBackend.logprobs on the batch (one chunk of 16 rows, no gradient) vs the bare model's forward and "
         "log-softmax. Other settings: the same backend with logits everywhere (`logits_at_loss_positions=false`, as "
         "before that change) or with micro-batches by token budget (`dynamic_batching=true`, 4096 tokens: rows "
-        "longest first, each micro-batch trimmed). rl-varied-lengths: 32 rows, prompts of 64 to 320 tokens and a "
-        "64-token response, micro-batches of 16; tok/s counts the rows' own tokens, not padding.",
+        "longest first, each micro-batch trimmed) or with its micro-batches packed (`sequence_packing=true`). "
+        "rl-varied-lengths: 32 rows, prompts of 64 to 320 tokens and a 64-token response, micro-batches of 16; tok/s "
+        "counts the rows' own tokens, not padding.",
     )
 
 
