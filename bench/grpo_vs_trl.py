@@ -222,14 +222,14 @@ def main() -> None:
         model = ensure_tiny_model(shape["model"])
         print(f"== {size}, {precision}, KL coefficient {beta}", flush=True)
         with contextlib.ExitStack() as stack:
-            rows = task_rows(shape.get("preamble"))
+            prompts = task_rows(shape.get("preamble"))
             extra = [*PRECISIONS[precision], *shape.get("ours", [])]
             if "preamble" in shape:  # ours reads the same rows from a file, as a user's data
                 data = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "prompts.jsonl"
-                data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
                 extra += [f"data.train_path={data}", f"data.val_path={data}"]
             ours = Ours(model, beta, stack, extra)
-            trl = TRL(model, beta, bf16=precision == "bf16", rows=rows)
+            trl = TRL(model, beta, bf16=precision == "bf16", rows=prompts)
             times = alternate(
                 {"ours": lambda o=ours: o.run(args.steps), "trl": lambda t=trl: t.run(args.steps)}, args.reps
             )
