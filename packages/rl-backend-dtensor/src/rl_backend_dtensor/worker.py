@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -172,13 +171,15 @@ class DTensorWorker:
             hook.remove()
         return values[0].squeeze(-1).float() * (need > 0)  # [R, T, 1] -> [R, T]
 
-    def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> list[B.Batch]:
-        """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes. By token
-        budget, the rows go longest first (``B.longest_first``; the logprob pass puts them back in order): rows of
-        like length share a micro-batch, which is trimmed to its longest row, so little padding is computed."""
+    def _micro_batches(self, shard: B.Batch, size: int, group_size: int) -> tuple[list[B.Batch], torch.Tensor | None]:
+        """This rank's micro-batches, padded with inert ones so every rank runs the same number of passes, and the
+        order their rows were taken in (None: the shard's). By token budget, the rows go longest first
+        (``B.longest_first``): rows of like length share a micro-batch, which is trimmed to its longest row, so
+        little padding is computed."""
+        order = None
         if self.cfg.dynamic_batching:
-            ordered = B.select(shard, B.longest_first(shard, group_size))
-            mbs = B.token_budget_micro_batches(ordered, self.cfg.max_tokens_per_microbatch, group_size)
+            order = B.longest_first(shard, group_size)
+            mbs = B.token_budget_micro_batches(B.select(shard, order), self.cfg.max_tokens_per_microbatch, group_size)
         else:
             mbs = B.micro_batches(shard, size, group_size)
         count = torch.tensor([len(mbs)])
@@ -188,10 +189,7 @@ class DTensorWorker:
             dummy = B.select(shard, slice(0, 1))
             dummy = {**dummy, "loss_mask": torch.zeros_like(dummy["loss_mask"])}
             mbs.append(dummy)
-        return mbs
-
-    def _chunks(self, shard: B.Batch) -> Iterator[B.Batch]:
-        yield from self._micro_batches(shard, self.policy.logprob_batch_size, 1)
+        return mbs, order
 
     @torch.no_grad()
     def logprobs(self, shard: B.Batch, reference: bool = False) -> torch.Tensor:
@@ -206,12 +204,13 @@ class DTensorWorker:
         model.eval()
         rows = B.num_rows(shard)
         loss_only = self.cfg.logits_at_loss_positions
-        parts = [self._logprobs(model, mb, loss_only).float().cpu() for mb in self._chunks(shard)]
+        chunks, order = self._micro_batches(shard, self.policy.logprob_batch_size, 1)
+        parts = [self._logprobs(model, mb, loss_only).float().cpu() for mb in chunks]
         out = B.concat([{"input_ids": p} for p in parts])["input_ids"][:rows]  # [rows, T] in the chunks' order
-        if not self.cfg.dynamic_batching:
+        if order is None:
             return out
         restored = torch.empty_like(out)
-        restored[B.longest_first(shard)] = out
+        restored[order] = out  # back in the shard's order
         return restored
 
     # -- training -------------------------------------------------------------------------------------------------
@@ -219,7 +218,7 @@ class DTensorWorker:
     def train(self, shard: B.Batch, loss_fn: LossFunction, normalizer: float) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        mbs = self._micro_batches(shard, self.policy.train_micro_batch_size, loss_fn.group_size)
+        mbs, _ = self._micro_batches(shard, self.policy.train_micro_batch_size, loss_fn.group_size)
         totals: dict[str, float] = {}
         for i, mb in enumerate(mbs):
             if self.world_size > 1:
