@@ -103,7 +103,12 @@ class WandbLogger:
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # wandb's service process writes the run's record file behind finish(); its teardown waits for it, so the
+        # run folder is complete when the run ends (not only at interpreter exit, which a killed process skips)
+        wandb.teardown()
 
 
 class MlflowLogger:
