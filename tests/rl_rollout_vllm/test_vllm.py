@@ -8,6 +8,7 @@ import pytest
 from engine_mutants import MUTANTS, AlwaysStop, CopiedSamples, NoopRefit, SeedIgnored, TemperedLogprobs
 
 from rl_core.base.errors import InputError, RLCoreError
+from rl_core.base.paths import cache_root
 from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
 from rl_core.contracts.protocols import SamplingParams
@@ -125,6 +126,23 @@ def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine, async_
         pytest.skip("the async engine's model runs in vLLM's own process")
     threads, cores = ray.get(engine.group.actors[0].__ray_call__.remote(threads_and_cores))
     assert threads == max(1, cores // len(engine.group.actors))  # one replica here: every core
+
+
+def test_the_engine_compiles_through_the_cache_that_later_starts_read_back(engine, async_engine):
+    """vLLM 0.32's AOT artifacts cannot be loaded back under torch 2.13 (the engine compiled its model on every start:
+    20 s for the tiny model, 6 s from the compile cache), so the engine runs with vLLM's AOT compilation off, its
+    compile cache in the project's cache folder."""
+    import ray
+
+    def compile_settings(_worker):  # nested: pickled by value into the actor
+        import vllm.envs
+
+        return vllm.envs.VLLM_USE_AOT_COMPILE, vllm.envs.VLLM_CACHE_ROOT
+
+    if async_engine:
+        pytest.skip("the async engine's model runs in vLLM's own process")
+    aot, root = ray.get(engine.group.actors[0].__ray_call__.remote(compile_settings))
+    assert aot is False and root == str(cache_root() / "vllm")
 
 
 def test_stream_yields_every_rollout(engine, tokenizer):

@@ -17,8 +17,8 @@ class VllmConfig:
     kv_cache_gb: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
     #: longest prompt + response; unset, ``policy.max_total_sequence_length``.
     max_model_len: int | None = None
-    #: eager PyTorch instead of vLLM's compiled model (torch.compile; on CPU the first start of a model compiles for
-    #: ~25 s, later starts read the cache; decoding the tiny model is 1.4x faster compiled).
+    #: eager PyTorch instead of vLLM's compiled model (torch.compile; on CPU the first start of the tiny model
+    #: compiles for ~35 s, later starts read vLLM's compile cache in ~6 s; decoding it is 1.4x faster compiled).
     enforce_eager: bool = False
     #: CPU threads of each engine replica; unset, the node's cores divided among the replicas (the async engine:
     #: vLLM's own binding).

@@ -32,13 +32,18 @@ MISSING_VLLM = (
 
 
 def engine_environment(cfg: VllmConfig) -> dict[str, str]:
-    """Environment of an engine actor: in-process engine, bounded KV cache, caches under the project cache."""
+    """Environment of an engine actor: in-process engine, bounded KV cache, compile caches under the project cache
+    that later starts read back."""
     root = cache_root()
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(cfg.kv_cache_gb))),
         "VLLM_CACHE_ROOT": str(root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        # vLLM's compile cache rather than its AOT artifacts: with torch 2.13, vLLM 0.32 saves AOT artifacts it
+        # cannot load back ("'function' object has no attribute 'finalize_loading'"), so every start compiled
+        # the model again (tiny model: 20 s); the compile cache is read back (6 s). A value set by the user stays.
+        "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0"),
         "TOKENIZERS_PARALLELISM": "false",
     }
     if cfg.threads:
