@@ -1,7 +1,7 @@
 """The README's multi-turn headline, shortened: ``examples/configs/grpo_calculator.yaml`` as committed (its SFT
 warm-up and seed), 20 GRPO steps instead of 40. The warm-up must teach the tool call's format and copying (a model
 that cannot copy the sum into ``<calc>`` never learns to use the tool), and GRPO must then take the held-out
-reward from ~0 to far above it. The full recipe's figures (README) come from
+reward from ~0 to near the README's figure. The full recipe's figures (README) come from
 ``rl-core run examples/configs/grpo_calculator.yaml``."""
 
 import json
@@ -52,4 +52,5 @@ def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_
     print(f"calculator: tool-call format rate after the warm-up {rate:.3f}; held-out {before:.3f} -> {after:.3f}")
     assert rate >= 0.9, f"the warm-up did not teach the tool call: {rate:.3f} of calls copy the sum"
     assert before <= 0.1, f"the warm-up should prefer guessing (held-out {before:.3f})"
-    assert after >= before + 0.6, f"GRPO did not learn to use the tool: held-out {before:.3f} -> {after:.3f}"
+    # the full recipe measured 0.953 at step 20 (README); well under it is a regression, not noise
+    assert after >= 0.85, f"GRPO did not learn to use the tool: held-out {before:.3f} -> {after:.3f}"
