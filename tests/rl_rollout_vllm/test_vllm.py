@@ -65,6 +65,13 @@ def max_gap(batch, trainer_logprobs):
     return float((batch["generation_logprobs"][mask] - trainer_logprobs[mask]).abs().max())
 
 
+def in_engine_actor(engine, fn):
+    """``fn(worker)`` run inside the in-process engine's actor (``fn`` is pickled by value: define it nested)."""
+    import ray
+
+    return ray.get(engine.group.actors[0].__ray_call__.remote(fn))
+
+
 def test_logprobs_agree_with_the_trainer(engine, backend, tokenizer):
     _, batch = rollouts_and_batch(engine, tokenizer, seed=1)
     assert batch["loss_mask"].sum() > 20
@@ -113,7 +120,6 @@ def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route, re
 def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine, async_engine):
     """Ray starts actors with OMP_NUM_THREADS=1; the in-process CPU engine would keep it (1.6x slower decoding on
     2 cores). The async engine's core is another process, threaded by vLLM itself."""
-    import ray
 
     def threads_and_cores(_worker):  # nested: pickled by value into the actor
         import os
@@ -124,7 +130,7 @@ def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine, async_
 
     if async_engine:
         pytest.skip("the async engine's model runs in vLLM's own process")
-    threads, cores = ray.get(engine.group.actors[0].__ray_call__.remote(threads_and_cores))
+    threads, cores = in_engine_actor(engine, threads_and_cores)
     assert threads == max(1, cores // len(engine.group.actors))  # one replica here: every core
 
 
@@ -132,7 +138,6 @@ def test_the_engine_compiles_through_the_cache_that_later_starts_read_back(engin
     """vLLM 0.32's AOT artifacts cannot be loaded back under torch 2.13 (the engine compiled its model on every start:
     20 s for the tiny model, 6 s from the compile cache), so the engine runs with vLLM's AOT compilation off, its
     compile cache in the project's cache folder."""
-    import ray
 
     def compile_settings(_worker):  # nested: pickled by value into the actor
         import vllm.envs
@@ -141,7 +146,7 @@ def test_the_engine_compiles_through_the_cache_that_later_starts_read_back(engin
 
     if async_engine:
         pytest.skip("the async engine's model runs in vLLM's own process")
-    aot, root = ray.get(engine.group.actors[0].__ray_call__.remote(compile_settings))
+    aot, root = in_engine_actor(engine, compile_settings)
     assert aot is False and root == str(cache_root() / "vllm")
 
 

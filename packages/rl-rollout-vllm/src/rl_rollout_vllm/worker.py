@@ -41,8 +41,8 @@ def engine_environment(cfg: VllmConfig) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         # vLLM's compile cache rather than its AOT artifacts: with torch 2.13, vLLM 0.32 saves AOT artifacts it
-        # cannot load back ("'function' object has no attribute 'finalize_loading'"), so every start compiled
-        # the model again (tiny model: 20 s); the compile cache is read back (6 s). A value set by the user stays.
+        # cannot load back ("'function' object has no attribute 'finalize_loading'"), so every start compiled the
+        # model again (docs/benchmarks.md). A value set by the user stays.
         "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0"),
         "TOKENIZERS_PARALLELISM": "false",
     }
