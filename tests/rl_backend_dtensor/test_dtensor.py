@@ -62,7 +62,10 @@ def train_steps(backend, batch, steps=3):
     return weights(backend)
 
 
-def assert_same(a, b, atol=1e-6):
+def assert_same(a, b, atol=3e-6):
+    """Weights after ``train_steps``: three AdamW steps at lr 1e-4 move a weight by up to 3e-4, a wrong gradient by
+    ~1e-4; the order of float sums alone (micro-batches, ranks, prompts run once for their rows) moves them by
+    ~1e-6 (AdamW divides a tiny gradient by its own size), hence 1% of the step."""
     assert a.keys() == b.keys()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst <= atol, f"largest parameter difference {worst:.2e} > {atol}"
@@ -75,6 +78,7 @@ def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry
         "1 rank mb4": [],
         "2 ranks mb4": ["policy.num_workers=2"],
         "1 rank mb1": ["policy.train_micro_batch_size=1"],
+        "1 rank mb4, rows whole": ["policy.dtensor_cfg.shared_prefix=false"],
     }.items():
         backend = make_backend(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), *extra)
         try:
@@ -86,7 +90,10 @@ def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry
         "training moved nothing"
     )
     assert_same(runs["2 ranks mb4"], runs["1 rank mb4"])
+    # rows 0 and 3 of each rank's micro-batch of 4 share their prompt, which runs once (dtensor_cfg.shared_prefix);
+    # one row per micro-batch or rows whole run it for each row
     assert_same(runs["1 rank mb1"], runs["1 rank mb4"])
+    assert_same(runs["1 rank mb4, rows whole"], runs["1 rank mb4"])
 
 
 def _initial_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -140,7 +147,7 @@ def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path
         resumed = train_steps(one, batch, steps=1)
     finally:
         one.shutdown()
-    assert_same(resumed, uninterrupted)
+    assert_same(resumed, uninterrupted, atol=1e-6)
 
 
 def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):

@@ -88,3 +88,31 @@ def test_chunked_token_logprobs_equal_the_whole_ones_values_and_gradients(dtype)
         (grad_part,) = torch.autograd.grad((part * weights).sum(), logits)
         assert torch.equal(part, whole), chunk
         assert torch.allclose(grad_part.float(), grad_whole.float(), atol=1e-6), chunk
+
+
+def test_shared_prefixes_cut_rows_where_their_loss_begins():
+    """Rows of varied lengths, two of them one prompt's samples: each distinct prompt once (up to the token before
+    the one that predicts the first loss token), each row's suffix from there, padded, with its columns."""
+    ids, attn = B.pad_rows([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7], [9, 8, 3, 4, 5]], 0)
+    need = torch.zeros(ids.shape)
+    need[0, 4:6] = need[1, 4:5] = need[2, 3:5] = 1  # responses: [5, 6], [7], [4, 5]
+    split = B.split_shared_prefixes(ids, attn, need)
+    assert split is not None
+    assert split.prefix_ids.tolist() == [[1, 2, 3], [9, 8, 0]] and split.prefix_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert split.row_prefix.tolist() == [0, 0, 1]
+    assert split.suffix_index.tolist() == [[3, 4, 5], [3, 4, 5], [2, 3, 4]]  # clamped past a row's end
+    assert split.suffix_mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+    rebuilt = torch.cat([split.prefix_ids[0], ids[0, split.suffix_index[0]]])
+    assert rebuilt.tolist() == ids[0].tolist()
+
+
+def test_rows_with_nothing_to_share_are_not_split():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 300, (3, 10), generator=g)
+    need = torch.zeros(3, 10)
+    need[:, 6:] = 1
+    assert B.split_shared_prefixes(ids, torch.ones_like(ids), need) is None, "three different prompts"
+    ids[1] = ids[0]
+    assert B.split_shared_prefixes(ids, torch.ones_like(ids), need) is not None
+    need[2, 1] = 1  # a loss from the second token on: an empty prefix, nothing to run it on
+    assert B.split_shared_prefixes(ids, torch.ones_like(ids), need) is None

@@ -22,6 +22,12 @@ class DTensorConfig:
     #: grows with the vocabulary and the prompt's share of the tokens). Off: logits everywhere, for a custom loss
     #: or algorithm that reads logprobs outside ``loss_mask``.
     logits_at_loss_positions: bool = True
+    #: rows that begin alike up to their first loss position (a GRPO group's samples of one prompt, a DPO pair)
+    #: run that beginning once per micro-batch: its keys and values are computed once and shared, in training and
+    #: in the logprob passes (the same values and gradients; the saving grows with the prompt's share of the
+    #: tokens and the rows per prompt). Needs ``logits_at_loss_positions``; not with ``sequence_packing`` or
+    #: ``activation_checkpointing``, nor for models with sliding-window layers (the plain path runs there).
+    shared_prefix: bool = True
     #: micro-batches by token budget instead of a fixed row count: rows longest first, each micro-batch trimmed to
     #: its longest row, so little padding is computed where lengths vary (the same results up to float rounding).
     dynamic_batching: bool = False

@@ -136,6 +136,9 @@ class DTensorWorker:
         forward = self._picked if self.policy.head == "lm" else self._values
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision):
             if not self.cfg.sequence_packing:
+                shared = B.split_shared_prefixes(ids, attn, need) if self._shares_prefixes(model, loss_only) else None
+                if shared is not None:
+                    return self._prefixed(model, ids, need, shared)
                 return forward(model, ids, need, attention_mask=attn)
             packed, pos, lengths = B.pack(ids, attn)
             need = B.pack(need, attn)[0]  # [1, N]
@@ -150,7 +153,7 @@ class DTensorWorker:
         the log-softmax only at the positions that predict a needed token in some row: ``[R, K, V]`` logits
         instead of ``[R, T, V]``, the same values (RL rows: prompts are most of the tokens, none carries loss)."""
         wanted = need[:, 1:].any(0)  # [T-1] positions whose next token is needed in some row
-        if bool(wanted.all()) or not _keeps_logits(model):
+        if bool(wanted.all()) or not _takes(model, "logits_to_keep"):
             logits = model(input_ids=ids, use_cache=False, **inputs).logits  # [R, T, V]
             return B.token_logprobs(logits, ids, self.chunk_tokens) * (need > 0)
         keep = wanted.nonzero().squeeze(1)  # [K]
@@ -159,6 +162,52 @@ class DTensorWorker:
         out = picked.new_zeros(ids.shape)
         out[:, keep + 1] = picked
         return out * (need > 0)
+
+    def _shares_prefixes(self, model: Any, loss_only: bool) -> bool:
+        """Whether rows that begin alike may run their beginning once (``dtensor_cfg.shared_prefix``): logprobs at
+        loss positions only, a forward that takes ``logits_to_keep`` and a cache, a model whose every layer attends
+        to all earlier positions, and no activation checkpointing (it recomputes a layer's forward, which would
+        write that layer's cache twice)."""
+        wanted = self.cfg.shared_prefix and loss_only and self.policy.head == "lm"
+        if not wanted or not _takes(model, "logits_to_keep", "past_key_values"):
+            return False
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = inner.config.get_text_config(decoder=True)
+        sliding = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        layers = getattr(config, "layer_types", None) or ["full_attention"]
+        return (
+            not sliding
+            and all(kind == "full_attention" for kind in layers)
+            and not getattr(inner, "is_gradient_checkpointing", False)
+        )
+
+    def _prefixed(self, model: Any, ids: torch.Tensor, need: torch.Tensor, shared: B.SharedPrefixes) -> torch.Tensor:
+        """``_picked`` with each distinct row beginning (a GRPO group's prompt) run once: its keys and values (the
+        model's cache) are computed for the prefix alone and shared by the rows that begin with it, whose suffixes
+        then run over them at their own positions. The same logprobs and gradients as the whole rows (the
+        backward sums the rows' gradients into their shared prefix); the prompt's tokens are computed once per
+        group instead of once per row."""
+        from transformers import DynamicCache
+
+        which = shared.row_prefix  # [B]
+        prefix = model(input_ids=shared.prefix_ids, attention_mask=shared.prefix_mask, use_cache=True, logits_to_keep=1)
+        cache = DynamicCache(
+            [(k.index_select(0, which), v.index_select(0, which)) for k, v, *_ in prefix.past_key_values]
+        )
+        columns = shared.suffix_index  # [B, S]
+        mask = torch.cat([shared.prefix_mask.index_select(0, which), shared.suffix_mask], 1)  # [B, P + S]
+        picked = self._picked(
+            model,
+            ids.gather(1, columns),
+            need.gather(1, columns) * shared.suffix_mask,
+            attention_mask=mask,
+            position_ids=columns,
+            past_key_values=cache,
+        )  # [B, S]
+        out = picked.new_zeros(ids.shape).scatter_add(1, columns, picked)  # [B, T]
+        # the prefix pass's output, weighted 0, joins the result: its backward then starts at the output too (not
+        # only at the cache), as FSDP's pre-backward hooks (parameters gathered for each layer) expect
+        return out + 0.0 * prefix.logits.sum()
 
     def _values(self, model: Any, ids: torch.Tensor, need: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
         """``[R, T]`` the score head's value at every position where ``need`` is set (0 elsewhere): what the head
@@ -355,10 +404,11 @@ class DTensorWorker:
             _move_optimizer(self.optimizer, self.device)
 
 
-def _keeps_logits(model: Any) -> bool:
-    """Whether the (``peft``-wrapped or plain) model's forward takes ``logits_to_keep`` as positions."""
+def _takes(model: Any, *arguments: str) -> bool:
+    """Whether the (``peft``-wrapped or plain) model's forward takes these arguments (``logits_to_keep``: as
+    positions; ``past_key_values``: a Hugging Face cache)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return set(arguments) <= set(inspect.signature(inner.forward).parameters)
 
 
 def _move_optimizer(optimizer: torch.optim.Optimizer, device: Any) -> None:

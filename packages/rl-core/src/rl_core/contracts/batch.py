@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
+import attrs
+
 if TYPE_CHECKING:
     import torch
 
@@ -246,3 +248,53 @@ def document_interiors(lengths: Sequence[int]) -> torch.Tensor:
     keep = torch.ones((1, sum(lengths)), dtype=torch.float32)
     keep[0, starts] = 0.0
     return keep
+
+
+@attrs.frozen(kw_only=True)
+class SharedPrefixes:
+    """Rows cut where their loss begins, each distinct beginning kept once (``split_shared_prefixes``).
+
+    A row ``r`` is its prefix ``prefix_ids[row_prefix[r]]`` (the tokens before the position that predicts its
+    first loss token: a GRPO group's prompt, a DPO pair's) followed by its suffix, the row's columns
+    ``suffix_index[r]`` from that position on."""
+
+    prefix_ids: torch.Tensor  # [U, P] long, the distinct prefixes, right-padded
+    prefix_mask: torch.Tensor  # [U, P] long, 1 on their real tokens
+    row_prefix: torch.Tensor  # [B] long, the prefix each row begins with
+    suffix_index: torch.Tensor  # [B, S] long, the row's column of each suffix position (clamped past its end)
+    suffix_mask: torch.Tensor  # [B, S] long, 1 on real suffix tokens
+
+
+def split_shared_prefixes(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, need: torch.Tensor
+) -> SharedPrefixes | None:
+    """Rows ``[B, T]`` as distinct prefixes and per-row suffixes, where ``need [B, T]`` marks the tokens whose
+    logprob is wanted: a row's prefix ends before the position that predicts its first wanted token (a row without
+    one keeps its last token as its suffix). None when there is nothing to share: no two rows begin with the same
+    prefix, or some row's prefix is empty."""
+    import torch
+
+    device = input_ids.device
+    input_ids, attention_mask, need = input_ids.cpu(), attention_mask.cpu(), need.cpu()  # one copy, read here
+    lengths = attention_mask.sum(1).tolist()
+    wanted = need > 0
+    firsts = wanted.float().argmax(1).tolist()
+    starts = [int(f) - 1 if bool(wanted[r].any()) else lengths[r] - 1 for r, f in enumerate(firsts)]
+    if min(starts) < 1:
+        return None
+    distinct: dict[tuple[int, ...], int] = {}
+    row_prefix = [distinct.setdefault(tuple(input_ids[r, :s].tolist()), len(distinct)) for r, s in enumerate(starts)]
+    if len(distinct) == len(starts):
+        return None
+    prefix_ids, prefix_mask = pad_rows(list(distinct), 0)
+    width = input_ids.shape[1]
+    span = max(n - s for n, s in zip(lengths, starts, strict=True))
+    columns = torch.tensor(starts)[:, None] + torch.arange(span)  # [B, S]
+    inside = columns < torch.tensor(lengths)[:, None]
+    return SharedPrefixes(
+        prefix_ids=prefix_ids.to(device),
+        prefix_mask=prefix_mask.to(device),
+        row_prefix=torch.tensor(row_prefix, device=device),
+        suffix_index=columns.clamp(max=width - 1).to(device),
+        suffix_mask=inside.long().to(device),
+    )
