@@ -8,10 +8,10 @@ per-phase breakdown. The first step of every repetition (start-up, compilation) 
 
 Shapes: ``tiny`` and ``small``, the parity task's prompts (~15 tokens: generation is most of the step);
 ``small-long``, the small model with each prompt after a preamble of 16 to 64 digits (32 to 128 tokens): a
-training-heavy step whose prompts are most of the tokens and of varied lengths, as with real prompts. There our
-side takes micro-batches by token budget (``policy.dtensor_cfg.dynamic_batching``: rows longest first, each
-micro-batch trimmed to its longest row; ``bench/train_throughput.py`` measures that setting alone); TRL pads every
-prompt to the batch's longest.
+training-heavy step whose prompts are most of the tokens and of varied lengths, as with real prompts. Our side runs
+with its defaults: each prompt once for its group's rows (``policy.dtensor_cfg.shared_prefix``;
+``bench/train_throughput.py`` measures it alone); TRL pads every prompt to the batch's longest and runs it for each
+row.
 
     python bench/grpo_vs_trl.py [--shapes tiny,small,small-long] [--precisions fp32,bf16] [--reps 2] [--steps 10]
 """
@@ -42,11 +42,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small-long": {
         "model": "qwen2-small",
         "preamble": (16, 64),
-        "ours": [
-            "policy.max_total_sequence_length=256",
-            "policy.dtensor_cfg.dynamic_batching=true",
-            "policy.dtensor_cfg.max_tokens_per_microbatch=4096",
-        ],
+        "ours": ["policy.max_total_sequence_length=256"],
     },
 }
 PHASES = ("generate", "score", "logprobs", "reference_logprobs", "train", "refit")
@@ -291,8 +287,8 @@ def main() -> None:
         "`bf16=True` (its default) against our `policy.precision=bfloat16` (vLLM) and "
         "`policy.dtensor_cfg.mixed_precision=true` (autocast over fp32 master weights). small-long: the small model, "
         "each parity prompt after a preamble of 16-64 digits (32-128 tokens) (the same rows on both sides; ours reads them from "
-        "a JSONL file); ours with `policy.dtensor_cfg.dynamic_batching=true` (token budget 4096: rows longest first, "
-        "micro-batches trimmed), TRL padding each batch's prompts to the longest.",
+        "a JSONL file). Ours with its defaults: each prompt runs once for its group's rows (`dtensor_cfg.shared_prefix`: "
+        "its keys and values shared); TRL pads each batch's prompts to the longest and runs them for every row.",
     )
 
 

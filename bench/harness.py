@@ -40,6 +40,26 @@ def alternate(sides: dict[str, Callable[[], Sequence[float]]], reps: int) -> dic
     return out
 
 
+def kept_results(name: str, remeasured: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The results of ``bench/results/NAME.json`` as last written that this run does not measure again, each with
+    the date and command of the run that measured it (a benchmark run on some of its rows keeps the others,
+    labelled)."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return []
+    payload = json.loads(path.read_text())
+    earlier = [{"date": payload["date"], "command": payload["command"], **r} for r in payload["results"]]
+    return [r for r in earlier if not remeasured(r)]
+
+
+def this_run() -> dict[str, str]:
+    """The date and command to label this run's results with (``kept_results`` reads them back)."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", _relative(sys.argv[0]), *sys.argv[1:]]),
+    }
+
+
 def machine() -> dict[str, Any]:
     cpu = "?"
     try:
@@ -64,8 +84,7 @@ def write(
     info = machine()
     payload = {
         "name": name,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", _relative(sys.argv[0]), *sys.argv[1:]]),
+        **this_run(),
         "machine": info,
         **result,
     }

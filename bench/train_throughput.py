@@ -14,9 +14,13 @@ shard: the model runs unwrapped) and two FSDP2 ranks over gloo splitting the cor
   and a fixed row count take them); also the backend with micro-batches by token budget
   (``dynamic_batching``: rows longest first, each micro-batch trimmed to its longest row) and with
   ``sequence_packing`` (each micro-batch's rows in one row, no padding; Hugging Face's SDPA path then masks
-  attention across the whole packed row).
+  attention across the whole packed row);
+- ``rl-groups``: the GRPO shape on the small model: 8 prompts (64 to 192 tokens) x 8 sampled 64-token responses,
+  loss on the responses, micro-batches of 16 (two groups); the backend runs each prompt once per micro-batch
+  (``shared_prefix``, the default) and, as a variant, every row whole (``shared_prefix=false``), as the bare loop
+  does.
 
-    python bench/train_throughput.py [--shapes small,rl-wide-vocab,rl-varied-lengths] [--reps 3] [--steps 3]
+    python bench/train_throughput.py [--shapes small,rl-wide-vocab,rl-varied-lengths,rl-groups] [--reps 3] [--steps 3]
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import attrs
 import torch
-from harness import alternate, fmt, stats, write
+from harness import alternate, fmt, kept_results, stats, this_run, write
 
 from rl_core.contracts import batch as B
 from rl_core.data.tiny_models import ensure_tiny_model
@@ -58,6 +62,16 @@ SHAPES: dict[str, dict[str, Any]] = {
             "sequence packing": {"sequence_packing": True},
         },
     },
+    "rl-groups": {
+        "vocab": None,
+        "rows": 64,
+        "group": 8,
+        "prompt": (64, 192),
+        "length": 64,
+        "micro": 16,
+        "ranks": (1,),
+        "variants": {"rows whole": {"shared_prefix": False}},
+    },
 }
 
 
@@ -75,22 +89,27 @@ def model_folder(vocab: int | None, tmp: Path) -> str:
     return str(tmp / f"vocab{vocab}")
 
 
-def make_batch(vocab: int, rows: int, length: int, prompt: int | tuple[int, int] = 0) -> B.Batch:
+def make_batch(vocab: int, rows: int, length: int, prompt: int | tuple[int, int] = 0, group: int = 1) -> B.Batch:
     """Random tokens; the loss on every position after the first ``prompt``. With ``prompt=(shortest, longest)``
-    the rows' prompts are of lengths evenly spread between the two, each followed by ``length`` response tokens
-    (right-padded to the longest row)."""
+    the prompts are of lengths evenly spread between the two, each followed by ``length`` response tokens
+    (right-padded to the longest row); with ``group``, each prompt begins that many consecutive rows (a GRPO
+    group's samples), each with a response of its own."""
     g = torch.Generator().manual_seed(0)
     if isinstance(prompt, int):
         ids = torch.randint(2, vocab, (rows, length), generator=g)
         loss_mask = torch.ones(ids.shape)
         loss_mask[:, :prompt] = 0.0
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
-    prompts = torch.linspace(prompt[0], prompt[1], rows).round().long()
-    order = torch.randperm(rows, generator=g)  # lengths in no particular order, as rollouts come
-    rows_ids = [torch.randint(2, vocab, (int(p) + length,), generator=g).tolist() for p in prompts[order]]
+    prompts = torch.linspace(prompt[0], prompt[1], rows // group).round().long()
+    order = torch.randperm(rows // group, generator=g)  # lengths in no particular order, as rollouts come
+    lengths = prompts[order].repeat_interleave(group).tolist()
+    rows_ids = []
+    for i in range(0, rows, group):
+        head = torch.randint(2, vocab, (lengths[i],), generator=g).tolist()
+        rows_ids += [head + torch.randint(2, vocab, (length,), generator=g).tolist() for _ in range(group)]
     ids, attn = B.pad_rows(rows_ids, 0)
     loss_mask = torch.zeros(ids.shape)
-    for i, p in enumerate(prompts[order].tolist()):
+    for i, p in enumerate(lengths):
         loss_mask[i, p : p + length] = 1.0
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
@@ -141,15 +160,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    results, rows = [], []
+    shapes = args.shapes.split(",")
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.shapes.split(","):
+        for name in shapes:
             shape = SHAPES[name]
             model = model_folder(shape["vocab"], Path(tmp))
             for ranks in shape["ranks"]:
-                entry = measure(args, name, shape, model, ranks)
-                results.append(entry)
-                rows.append(row(entry))
+                results.append({**this_run(), **measure(args, name, shape, model, ranks)})
+    report(results, shapes)
+
+
+def report(results: list[dict[str, Any]], shapes: list[str]) -> None:
+    """The results JSON and table: this run's ``results`` on ``shapes``, the other shapes' rows kept."""
+    results += kept_results("train_throughput", lambda r: r["shape"] in shapes or r["shape"] not in SHAPES)
+    results.sort(key=lambda r: (list(SHAPES).index(r["shape"]), r["ranks"]))
+    rows = [row(r) for r in results]
     write(
         "train_throughput",
         {"results": results},
@@ -163,6 +189,7 @@ def main() -> None:
             "other settings / bare",
             "logprob pass / bare (other settings)",
             "s/step range (ours / bare)",
+            "measured",
         ),
         notes="AdamW, NLL loss, fp32. small: qwen2-small, 32 rows x 128 tokens, loss on every token, micro-batches of "
         "16. rl-wide-vocab: the same body with a 32768-token vocabulary, 16 rows x (192 prompt + 64 response) tokens, "
@@ -174,7 +201,10 @@ def main() -> None:
         "before that change) or with micro-batches by token budget (`dynamic_batching=true`, 4096 tokens: rows "
         "longest first, each micro-batch trimmed) or with its micro-batches packed (`sequence_packing=true`). "
         "rl-varied-lengths: 32 rows, prompts of 64 to 320 tokens and a 64-token response, micro-batches of 16; tok/s "
-        "counts the rows' own tokens, not padding.",
+        "counts the rows' own tokens, not padding. rl-groups: qwen2-small, 8 prompts of 64 to 192 tokens x 8 rows "
+        "with a 64-token response each, micro-batches of 16; the backend runs each prompt once per micro-batch "
+        "(`shared_prefix`, default), rows whole as the other setting; tok/s counts the rows' own tokens. A run on some "
+        "shapes keeps the other shapes' rows from the run before (each row's date and command in the JSON).",
     )
 
 
@@ -193,6 +223,7 @@ def row(entry: dict[str, Any]) -> tuple[str, ...]:
         if lp is None
         else f"**{lp['dtensor_vs_bare']:.2f}x**" + "".join(f"; {k} {v:.2f}x" for k, v in lp["others_vs_bare"].items()),
         f"{fmt(o['min'])}-{fmt(o['max'])} / {fmt(b['min'])}-{fmt(b['max'])}",
+        entry["date"][:10],
     )
 
 
@@ -202,7 +233,7 @@ def measure(args: argparse.Namespace, name: str, shape: dict[str, Any], model: s
     from rl_core.plugins.registry import Registry
 
     registry = Registry.discover()
-    batch = make_batch(int(batch_vocab(model)), shape["rows"], shape["length"], shape["prompt"])
+    batch = make_batch(int(batch_vocab(model)), shape["rows"], shape["length"], shape["prompt"], shape.get("group", 1))
     variants: dict[str, dict[str, Any]] = {"dtensor": {}, **shape.get("variants", {})}
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(

@@ -147,7 +147,7 @@ class DTensorWorker:
             out = forward(model, packed, need, position_ids=pos.to(self.device))
             return B.unpack(out, lengths, ids.shape[1])
 
-    def _picked(self, model: Any, ids: torch.Tensor, need: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+    def _picked(self, model: Any, ids: torch.Tensor, need: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """``[R, T]`` logprobs of ``ids`` where ``need [R, T]`` is set, 0 elsewhere. A model whose forward takes
         ``logits_to_keep`` (every current Hugging Face causal LM) runs its output layer, its own logit scaling and
         the log-softmax only at the positions that predict a needed token in some row: ``[R, K, V]`` logits
