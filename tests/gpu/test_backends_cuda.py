@@ -68,3 +68,31 @@ def test_bf16_training_on_cuda_is_close_to_fp32(ray_session, gpu_config, tiny_mo
     gpu_report["bf16_vs_fp32"] = {"logprob_gap": gap, "loss": [loss32, loss16], "grad_norm": [norm32, norm16]}
     assert 1e-3 < gap < 0.1, gap
     assert loss16 == pytest.approx(loss32, rel=2e-2) and norm16 == pytest.approx(norm32, rel=5e-2)
+
+
+def test_shared_prompts_on_cuda_match_whole_rows(ray_session, gpu_config, tiny_model_path, tokenizer_of, gpu_report):
+    """``dtensor_cfg.shared_prefix`` on CUDA (SDPA with a cache and a padding mask): each prompt's three responses
+    share its keys and values; logprobs, loss and gradient norm as with every row whole."""
+    from rl_core.contracts import batch as B
+
+    tokenizer = tokenizer_of(tiny_model_path)
+    rows = B.concat([sample_batch(tokenizer, response=r) for r in (" 7 and 8", " 12", " nine")])  # 3 prompts x 3
+    batch = B.select(rows, slice(0, 8))  # the global batch; each micro-batch of 4 holds a prompt twice
+    runs = {}
+    for name, extra in (("shared", []), ("whole", ["policy.dtensor_cfg.shared_prefix=false"])):
+        backend = make(gpu_config(tiny_model_path, *extra), "dtensor")
+        try:
+            before = backend.logprobs(batch)
+            metrics = backend.train(batch, NLLLoss())
+            runs[name] = (before, metrics["loss"], metrics["grad_norm"])
+        finally:
+            backend.shutdown()
+    (lp_s, loss_s, norm_s), (lp_w, loss_w, norm_w) = runs["shared"], runs["whole"]
+    mask = batch["loss_mask"].bool()
+    gap = float((lp_s - lp_w)[mask].abs().max())
+    gpu_report["shared_prefix_vs_whole_rows"] = {
+        "logprob_gap": gap,
+        "loss": [loss_s, loss_w],
+        "grad_norm": [norm_s, norm_w],
+    }
+    assert gap < 1e-4 and loss_s == pytest.approx(loss_w, abs=1e-5) and norm_s == pytest.approx(norm_w, rel=1e-4)
