@@ -49,22 +49,31 @@ def test_megatron_and_dtensor_agree_on_cuda(ray_session, gpu_config, tiny_model_
     assert gap < 1e-4 and loss_m == pytest.approx(loss_d, abs=1e-4) and gap_after < 1e-3
 
 
+def compare_steps(gpu_config, model, batch, base: list[str], other: list[str]) -> tuple[float, list, list]:
+    """The DTensor backend on CUDA with the ``base`` and ``other`` overrides, each a fresh backend: the largest gap
+    between their logprobs under ``loss_mask`` before a step, and the step's losses and gradient norms (base,
+    other)."""
+    runs = []
+    for extra in (base, other):
+        backend = make(gpu_config(model, *extra), "dtensor")
+        try:
+            before = backend.logprobs(batch)
+            metrics = backend.train(batch, NLLLoss())
+            runs.append((before, metrics["loss"], metrics["grad_norm"]))
+        finally:
+            backend.shutdown()
+    mask = batch["loss_mask"].bool()
+    gap = float((runs[1][0] - runs[0][0])[mask].abs().max())
+    return gap, [runs[0][1], runs[1][1]], [runs[0][2], runs[1][2]]
+
+
 def test_bf16_training_on_cuda_is_close_to_fp32(ray_session, gpu_config, tiny_model_path, tokenizer_of, gpu_report):
     """bf16 parameters with fp32 reduction: the same step as fp32 within bf16 precision, and visibly bf16 (a backend
     that ignored the flag would match fp32 to ~1e-6)."""
     batch = sample_batch(tokenizer_of(tiny_model_path))
-    runs = {}
-    for name, extra in (("fp32", []), ("bf16", ["policy.dtensor_cfg.mixed_precision=true"])):
-        backend = make(gpu_config(tiny_model_path, *extra), "dtensor")
-        try:
-            before = backend.logprobs(batch)
-            metrics = backend.train(batch, NLLLoss())
-            runs[name] = (before, metrics["loss"], metrics["grad_norm"])
-        finally:
-            backend.shutdown()
-    (lp32, loss32, norm32), (lp16, loss16, norm16) = runs["fp32"], runs["bf16"]
-    mask = batch["loss_mask"].bool()
-    gap = float((lp16 - lp32)[mask].abs().max())
+    gap, (loss32, loss16), (norm32, norm16) = compare_steps(
+        gpu_config, tiny_model_path, batch, [], ["policy.dtensor_cfg.mixed_precision=true"]
+    )
     gpu_report["bf16_vs_fp32"] = {"logprob_gap": gap, "loss": [loss32, loss16], "grad_norm": [norm32, norm16]}
     assert 1e-3 < gap < 0.1, gap
     assert loss16 == pytest.approx(loss32, rel=2e-2) and norm16 == pytest.approx(norm32, rel=5e-2)
@@ -78,18 +87,9 @@ def test_shared_prompts_on_cuda_match_whole_rows(ray_session, gpu_config, tiny_m
     tokenizer = tokenizer_of(tiny_model_path)
     rows = B.concat([sample_batch(tokenizer, response=r) for r in (" 7 and 8", " 12", " nine")])  # 3 prompts x 3
     batch = B.select(rows, slice(0, 8))  # the global batch; each micro-batch of 4 holds a prompt twice
-    runs = {}
-    for name, extra in (("shared", []), ("whole", ["policy.dtensor_cfg.shared_prefix=false"])):
-        backend = make(gpu_config(tiny_model_path, *extra), "dtensor")
-        try:
-            before = backend.logprobs(batch)
-            metrics = backend.train(batch, NLLLoss())
-            runs[name] = (before, metrics["loss"], metrics["grad_norm"])
-        finally:
-            backend.shutdown()
-    (lp_s, loss_s, norm_s), (lp_w, loss_w, norm_w) = runs["shared"], runs["whole"]
-    mask = batch["loss_mask"].bool()
-    gap = float((lp_s - lp_w)[mask].abs().max())
+    gap, (loss_w, loss_s), (norm_w, norm_s) = compare_steps(
+        gpu_config, tiny_model_path, batch, ["policy.dtensor_cfg.shared_prefix=false"], []
+    )
     gpu_report["shared_prefix_vs_whole_rows"] = {
         "logprob_gap": gap,
         "loss": [loss_s, loss_w],
