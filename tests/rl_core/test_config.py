@@ -69,6 +69,10 @@ def test_type_and_value_errors_name_the_key(reg):
         load_config(None, ["policy.train_global_batch_size=10", "policy.train_micro_batch_size=4"], reg)
     with pytest.raises(ConfigError, match="ratio_clip_c must be > 1"):
         load_config(None, ["loss_fn.ratio_clip_c=0.5"], reg)
+    # cattrs alone reads any string as bool(text): "maybe" and a quoted "false" were True
+    for text in ("maybe", "'false'", "1"):
+        with pytest.raises(ConfigError, match=r"policy.dtensor_cfg.shared_prefix.*must be true or false"):
+            load_config(None, [f"policy.dtensor_cfg.shared_prefix={text}"], reg)
 
 
 def test_missing_model_and_unknown_reward_source(reg, tmp_path: Path):

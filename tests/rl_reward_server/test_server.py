@@ -306,6 +306,7 @@ def test_content_type_is_checked_exactly_and_metrics_count_every_status(start_se
         (["--host", "0.0.0.0"], {}, "no token is set"),
         (["--port", "99999"], {}, "port 99999 is out of range"),
         (["--scorer", "nope"], {}, "not a scorer this server can host"),
+        (["--scorer", "exact_match:strip=maybe"], {}, "--scorer exact_match.strip"),
     ],
 )
 def test_unsafe_or_wrong_server_settings_are_refused(args, env, message):
@@ -421,6 +422,58 @@ def test_the_client_fails_only_the_samples_a_server_cannot_score(start_server):
         strict.score(["p"] * 4, responses, [{}] * 4)
     lenient = RemoteRewardSource(RemoteConfig(url=server.url, scorer="regex", batch_size=4, failed_sample_reward=-1.0))
     assert lenient.score(["p"] * 4, responses, [{}] * 4) == [1.0, -1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_valid_requests_of_every_size_up_to_the_limit_are_scored(start_server, loop):
+    """From one byte to just under the 8 MiB body limit, one large prompt or many 20 KB samples: each is scored,
+    and a small request after it is answered at once. (Under uvloop the pipe to a scorer process turned
+    non-blocking once the server watched it, and a send of a few hundred KB stopped halfway: a 500 '[Errno 11]',
+    then a 10 s wait and a 422 for the next request.)"""
+    pytest.importorskip(loop)
+    server = start_server("--scorer", "exact_match", "--loop", loop)
+    limit = 8 * 1024 * 1024
+    for size in (1, 4096, 200_000, 700_000, 3_000_000, limit - 4096):
+        body = {"scorer": "exact_match", "prompts": ["p" * size], "responses": ["7"], "metadata": [{"answer": "7"}]}
+        reply = httpx.post(f"{server.url}/v1/score", json=body, timeout=60)
+        assert reply.status_code == 200 and reply.json() == {"rewards": [1.0]}, (size, reply.text[:300])
+        small = _score(server, "exact_match", ["1"], timeout=5, metadata=[{"answer": "1"}])
+        assert small.json() == {"rewards": [1.0]}, (size, small.text)
+    many = {
+        "scorer": "exact_match",
+        "prompts": ["p"] * 300,
+        "responses": ["x" * 20_000] * 300,
+        "metadata": [{"answer": "7"}] * 300,
+    }
+    reply = httpx.post(f"{server.url}/v1/score", json=many, timeout=60)
+    assert reply.status_code == 200 and reply.json() == {"rewards": [0.0] * 300}, reply.text[:300]
+
+
+def test_new_requests_do_not_wait_behind_a_scorers_slow_inputs(start_server):
+    """The bound the README states: requests sent after a burst of slow inputs wait for at most one deadline
+    (plus a process start), not for the slow inputs one after another; each slow input still gets its 422, scored
+    alone in the lane aside. Before, with one process per scorer, 8 freezing inputs held a request sent 1 s after
+    them for 8 x the deadline and more."""
+    deadline_s = 2.0
+    server = start_server("--scorer", SLOW, "--request-timeout-s", str(deadline_s), "--max-wait-ms", "200")
+    slow_replies: list = []
+    senders = [
+        threading.Thread(target=lambda: slow_replies.append(_score(server, "regex", [FREEZE]))) for _ in range(8)
+    ]
+    for t in senders:
+        t.start()
+    time.sleep(1.0)
+    waits = []
+    for _ in range(5):
+        t0 = time.monotonic()
+        assert _score(server, "regex", ["ab"]).json() == {"rewards": [1.0]}
+        waits.append(time.monotonic() - t0)
+    for t in senders:
+        t.join(timeout=120)
+    assert [r.status_code for r in slow_replies] == [422] * 8, [r.text for r in slow_replies]
+    assert max(waits) < deadline_s + 6, f"requests after the slow inputs waited {max(waits):.1f} s"
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'reward_requests_set_aside_total{scorer="regex"} 8.0' in metrics, metrics
 
 
 def test_replaced_workers_leak_no_descriptor_and_die_with_a_killed_server(start_server):

@@ -93,9 +93,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=_number(int, minimum=0, inclusive=True),
-        default=1,
-        help="scorer processes for each hosted scorer; 0: score in the server's own process (faster for cheap rules, "
-        "but no deadline: only for scorers that cannot hang)",
+        default=2,
+        help="scorer processes for each hosted scorer, each scoring one micro-batch at a time (a call that overruns "
+        "the deadline holds up one of them); 0: score in the server's own process (faster for cheap rules, but no "
+        "deadline: only for scorers that cannot hang)",
+    )
+    p.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the event loop (auto: uvloop where it is installed)",
     )
     p.add_argument(
         "--max-queued-samples",
@@ -165,6 +172,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level="warning",
         http="h11",
+        loop=args.loop,
         h11_max_incomplete_event_size=settings.max_header_bytes,
     )
     return 0

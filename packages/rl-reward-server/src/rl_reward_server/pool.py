@@ -3,7 +3,7 @@
 Each worker process builds the hosted scorers from their ``--scorer`` specs and scores one micro-batch at a time.
 A call that overruns the deadline is answered with ``ScoringTimeout`` at once and its process is killed (a
 computation holding the GIL cannot be interrupted any other way) and replaced in the background; the server's own
-process only waits, so ``/health`` keeps answering. Worker processes die with the server (``PR_SET_PDEATHSIG`` on
+process only waits (a thread per call in flight, blocking on the pipe), so ``/health`` keeps answering. Worker processes die with the server (``PR_SET_PDEATHSIG`` on
 Linux), even when it is killed mid-call, and a replaced one leaves no descriptor behind.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 
 class ScoringTimeout(RLCoreError):
     """A scorer call ran past the deadline; its process was replaced."""
+
+
+class ScorerLost(RLCoreError):
+    """A scorer call lost its process (it exited mid-call); its process was replaced."""
 
 
 class ScorerFailed(RLCoreError):
@@ -97,37 +102,37 @@ class ScorerProcess:
     async def score(
         self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]], deadline_s: float
     ) -> list[Any]:
-        """Send a call and await its answer on the event loop (the pipe's descriptor watched for readability: no
-        thread per call)."""
-        loop = asyncio.get_running_loop()
-        self.conn.send((name, prompts, responses, metadata))
-        answered: asyncio.Future[None] = loop.create_future()
-        fd = self.conn.fileno()
-
-        def readable() -> None:
-            if not answered.done():
-                answered.set_result(None)
-
-        loop.add_reader(fd, readable)
+        """Send a call and wait for its answer in a thread, with the pipe left blocking. (Watching the pipe from the
+        event loop lets uvloop switch it to non-blocking, and a large message then stops halfway: ``[Errno 11]``.)
+        The thread ends by the deadline: ``poll`` returns at it, and a killed process ends a ``recv``."""
+        request = (name, prompts, responses, metadata)
         try:
-            await asyncio.wait_for(answered, deadline_s)
-            timed_out = False
-        except TimeoutError:
-            timed_out = True
-        finally:
-            loop.remove_reader(fd)
-        if timed_out:
+            reply = await asyncio.to_thread(self._exchange, request, time.monotonic() + deadline_s)
+        except (OSError, EOFError) as exc:  # the process died mid-call (killed, out of memory)
+            self.kill()
+            raise ScorerLost(
+                f"the scorer process exited while scoring {len(prompts)} samples ({type(exc).__name__}); it was "
+                "replaced"
+            ) from None
+        if reply is None:
             self.kill()
             raise ScoringTimeout(
                 f"scoring {len(prompts)} samples took longer than the server's deadline of {deadline_s:g} s "
                 "(--request-timeout-s); the scorer process was stopped and replaced"
             )
-        status, value = self.conn.recv()
+        status, value = reply
         if status == "input":
             raise InputError(value)
         if status == "error":
             raise ScorerFailed(value)
         return list(value)
+
+    def _exchange(self, request: tuple[Any, ...], deadline: float) -> tuple[str, Any] | None:
+        """One call, blocking (in a worker thread): the reply, or None if none came by ``deadline``."""
+        self.conn.send(request)
+        if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+            return None
+        return self.conn.recv()
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -154,6 +159,9 @@ class InProcess:
     ) -> list[Any]:
         return list(await asyncio.to_thread(self.scorers[name].score, prompts, responses, metadata))
 
+    #: one call at a time: a scorer in this process need not be thread-safe
+    size = 1
+
     async def start(self) -> None:
         return None
 
@@ -163,16 +171,18 @@ class InProcess:
 
 
 class ScorerPool:
-    """``workers`` scorer processes; a call takes an idle one, and a process that timed out is replaced in the
-    background (the call that timed out is answered at once)."""
+    """``workers`` scorer processes; a call takes an idle one, and a process that timed out or died is replaced in
+    the background (the call is answered at once). ``lazy``: the processes start on the first call, not before
+    (the lane aside, which most servers never need)."""
 
-    def __init__(self, specs: Sequence[str], workers: int, deadline_s: float) -> None:
-        self.specs, self.deadline_s = list(specs), deadline_s
-        started = [ScorerProcess(self.specs) for _ in range(workers)]
+    def __init__(self, specs: Sequence[str], workers: int, deadline_s: float, *, lazy: bool = False) -> None:
+        self.specs, self.deadline_s, self.size = list(specs), deadline_s, workers
+        started = [] if lazy else [ScorerProcess(self.specs) for _ in range(workers)]
         self.processes = [p.ready() for p in started]
         self.idle: asyncio.Queue[ScorerProcess] | None = None
         self.restarts = 0
         self._replacing: set[asyncio.Task[None]] = set()
+        self._starting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.idle = asyncio.Queue()
@@ -183,13 +193,14 @@ class ScorerPool:
         self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]
     ) -> list[Any]:
         assert self.idle is not None, "start() first"
+        if not self.processes:  # a lazy pool's first call starts its processes, once
+            self._starting = self._starting or asyncio.create_task(self._start_lazily())
+            await asyncio.shield(self._starting)
         proc = await self.idle.get()
         try:
             result = await proc.score(name, prompts, responses, metadata, self.deadline_s)
-        except ScoringTimeout:
-            task = asyncio.create_task(self._replace(proc))
-            self._replacing.add(task)
-            task.add_done_callback(self._replacing.discard)
+        except (ScoringTimeout, ScorerLost):
+            self._background(self._replace(proc))
             raise
         except BaseException:
             self.idle.put_nowait(proc)
@@ -197,16 +208,30 @@ class ScorerPool:
         self.idle.put_nowait(proc)
         return result
 
+    async def _start_lazily(self) -> None:
+        for _ in range(self.size):
+            self.processes.append(await self._started())
+            assert self.idle is not None
+            self.idle.put_nowait(self.processes[-1])
+
+    async def _started(self) -> ScorerProcess:
+        """A new process, started here on the server's main thread, once its scorers are built."""
+        while True:
+            new = ScorerProcess(self.specs)
+            try:
+                return await asyncio.to_thread(new.ready)
+            except RLCoreError:
+                log.exception("a scorer process failed to start; trying again in 5 s")
+                await asyncio.sleep(5)
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
     async def _replace(self, old: ScorerProcess) -> None:
         assert self.idle is not None
-        while True:
-            new = ScorerProcess(self.specs)  # started here, on the server's main thread
-            try:
-                await asyncio.to_thread(new.ready)
-                break
-            except RLCoreError:
-                log.exception("a replacement scorer process failed to start; trying again in 5 s")
-                await asyncio.sleep(5)
+        new = await self._started()
         self.processes[self.processes.index(old)] = new
         self.restarts += 1
         self.idle.put_nowait(new)
@@ -214,6 +239,8 @@ class ScorerPool:
     def close(self) -> None:
         for task in self._replacing:
             task.cancel()
+        if self._starting is not None:
+            self._starting.cancel()
         for proc in self.processes:
             proc.kill()
 
@@ -221,3 +248,10 @@ class ScorerPool:
 def make_pool(specs: Sequence[str], workers: int, deadline_s: float) -> ScorerPool | InProcess:
     """``workers`` processes under a deadline, or (0) the scorers in this process."""
     return ScorerPool(specs, workers, deadline_s) if workers else InProcess(specs)
+
+
+def make_aside(specs: Sequence[str], workers: int, deadline_s: float) -> ScorerPool | None:
+    """The lane aside: one process, started when first needed, where the requests of a call that overran the
+    deadline are scored again one by one, so that they wait behind each other and not in front of new requests.
+    None with ``workers`` 0 (no deadline, so no call overruns it)."""
+    return ScorerPool(specs, 1, deadline_s, lazy=True) if workers else None

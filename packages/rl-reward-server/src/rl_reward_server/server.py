@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.api import InputError
-from rl_reward_server.pool import InProcess, ScorerPool, ScoringTimeout, make_pool
+from rl_reward_server.pool import InProcess, ScorerLost, ScorerPool, ScoringTimeout, make_aside, make_pool
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class ServerSettings:
     #: the longest one scorer call may run before its process is stopped (hard deadline).
     request_timeout_s: float = 10.0
     #: scorer processes for each hosted scorer (0: in the server's own process, without a deadline).
-    workers: int = 1
+    workers: int = 2
     #: samples waiting for one scorer beyond which a request gets a 503.
     max_queued_samples: int = 16384
     token: str | None = None
@@ -121,16 +121,32 @@ class _Job:
 
 
 class Batcher:
-    """Merges concurrent jobs for one scorer into micro-batches and runs them in the scorer processes."""
+    """Merges concurrent jobs for one scorer into micro-batches and runs them in the scorer processes, as many at
+    once as there are processes. A call that overran the deadline or lost its process says only that one of its
+    requests is slow: each of them is scored again alone in the lane aside (``aside``), behind the other suspects
+    and not in front of new requests, which keep the scorer's own processes."""
 
-    def __init__(self, name: str, pool: ScorerPool | InProcess, settings: ServerSettings, metrics: _Metrics) -> None:
-        self.name, self.pool, self.settings, self.metrics = name, pool, settings, metrics
+    def __init__(
+        self,
+        name: str,
+        pool: ScorerPool | InProcess,
+        settings: ServerSettings,
+        metrics: _Metrics,
+        aside: ScorerPool | None = None,
+    ) -> None:
+        self.name, self.pool, self.settings, self.metrics, self.aside = name, pool, settings, metrics, aside
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.waiting = 0  # samples submitted and not yet answered
+        self._calls: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._loop())
+
+    def stop(self) -> None:
+        for task in (self.task, *self._calls):
+            if task is not None:
+                task.cancel()
 
     async def submit(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[Any]:
         if self.waiting and self.waiting + len(prompts) > self.settings.max_queued_samples:
@@ -145,43 +161,60 @@ class Batcher:
 
     async def _loop(self) -> None:
         """Take everything already queued (up to the micro-batch size) at once; wait at most ``max_wait_ms`` for
-        more only while the batch is short. Under load the queue fills while the scorer runs, so batches form
-        without adding latency."""
+        more only while the batch is short. Under load the queue fills while the scorers run, so batches form
+        without adding latency. A batch starts as soon as a process is free for it."""
+        free = asyncio.Semaphore(self.pool.size)
         while True:
-            jobs = [await self.queue.get()]
-            size = len(jobs[0].prompts)
-            deadline = time.monotonic() + self.settings.max_wait_ms / 1000
-            while size < self.settings.micro_batch_size:
-                try:
-                    job = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    try:
-                        job = await asyncio.wait_for(self.queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                jobs.append(job)
-                size += len(job.prompts)
-            await self._run(jobs)
+            jobs = await self._collect()
+            await free.acquire()
+            self._spawn(self._run(jobs)).add_done_callback(lambda _task: free.release())
 
-    async def _run(self, jobs: list[_Job]) -> None:
+    async def _collect(self) -> list[_Job]:
+        jobs = [await self.queue.get()]
+        size = len(jobs[0].prompts)
+        deadline = time.monotonic() + self.settings.max_wait_ms / 1000
+        while size < self.settings.micro_batch_size:
+            try:
+                job = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), remaining)
+                except TimeoutError:
+                    break
+            jobs.append(job)
+            size += len(job.prompts)
+        return jobs
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return task
+
+    async def _run(self, jobs: list[_Job], pool: ScorerPool | InProcess | None = None) -> None:
+        pool = pool or self.pool
         prompts = [p for j in jobs for p in j.prompts]
         responses = [r for j in jobs for r in j.responses]
         metadata = [m for j in jobs for m in j.metadata]
         self.metrics.batch_size.labels(self.name).observe(len(prompts))
         try:
-            rewards = await self.pool.score(self.name, prompts, responses, metadata)
+            rewards = await pool.score(self.name, prompts, responses, metadata)
             if len(rewards) != len(prompts):
                 raise RuntimeError(f"scorer returned {len(rewards)} rewards for {len(prompts)} samples")
         except Exception as exc:
             if len(jobs) == 1:
                 if not jobs[0].future.done():
                     jobs[0].future.set_exception(exc)
-                return
-            for job in jobs:  # isolate the failing request: score each alone
-                await self._run([job])
+            elif isinstance(exc, (ScoringTimeout, ScorerLost)) and self.aside is not None:
+                self.metrics.set_aside.labels(self.name).inc(len(jobs))
+                for job in jobs:  # each suspect alone, in the lane aside, answered as soon as its own call ends
+                    self._spawn(self._run([job], self.aside))
+            else:  # a fast failure: find the failing request here, each scored alone
+                for job in jobs:
+                    await self._run([job], pool)
             return
         offset = 0
         for job in jobs:
@@ -200,6 +233,7 @@ class _Metrics:
     samples: Counter
     batch_size: Histogram
     latency: Histogram
+    set_aside: Counter
 
     @classmethod
     def create(cls) -> _Metrics:
@@ -224,6 +258,12 @@ class _Metrics:
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
             ),
             latency=Histogram("reward_request_seconds", "time in the batcher and scorer", ["scorer"], registry=reg),
+            set_aside=Counter(
+                "reward_requests_set_aside_total",
+                "requests scored again alone in the lane aside (their call overran the deadline)",
+                ["scorer"],
+                registry=reg,
+            ),
         )
 
 
@@ -259,19 +299,20 @@ def create_app(
     metrics = _Metrics.create()
     # a pool of processes for each scorer: an input that is slow for one scorer holds up no other
     pools = {name: make_pool([spec], settings.workers, settings.request_timeout_s) for name, spec in scorers.items()}
-    batchers = {name: Batcher(name, pools[name], settings, metrics) for name in scorers}
+    asides = {name: make_aside([spec], settings.workers, settings.request_timeout_s) for name, spec in scorers.items()}
+    batchers = {name: Batcher(name, pools[name], settings, metrics, asides[name]) for name in scorers}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        for pool in pools.values():
+        every = [*pools.values(), *filter(None, asides.values())]
+        for pool in every:
             await pool.start()
         for b in batchers.values():
             b.start()
         yield
         for b in batchers.values():
-            if b.task is not None:
-                b.task.cancel()
-        for pool in pools.values():
+            b.stop()
+        for pool in every:
             pool.close()
 
     app = FastAPI(title="rl-reward-server", version=_version(), description=__doc__, lifespan=lifespan)
@@ -385,7 +426,7 @@ async def _score(
     except Busy as exc:
         metrics.requests.labels(req.scorer, "busy").inc()
         return JSONResponse(status_code=503, content={"error": str(exc)}, headers={"Retry-After": "1"})
-    except (InputError, ScoringTimeout) as exc:
+    except (InputError, ScoringTimeout, ScorerLost) as exc:
         metrics.requests.labels(req.scorer, "rejected").inc()
         return _error(422, f"scorer {req.scorer!r} could not score this request: {exc}")
     except Exception as exc:

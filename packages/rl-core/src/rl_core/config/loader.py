@@ -33,6 +33,17 @@ from rl_core.plugins.specs import EnvironmentSpec, RewardSourceSpec
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
+def _strict_bool(value: Any, _type: type) -> bool:
+    """A bool key takes true or false only: cattrs alone reads any string as ``bool(text)``, so ``maybe`` (or
+    ``false`` quoted) would silently be True."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"must be true or false (got {value!r})")
+
+
+_converter.register_structure_hook(bool, _strict_bool)
+
+
 def read_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config, merging the files named by its ``defaults:`` (a path or a list, relative to it, or a
     built-in recipe ``builtin:NAME``)."""
