@@ -120,7 +120,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         servers = {
             f"{mode}{suffix}": start(spec(micro), micro, wait, workers)
             for mode, micro, wait in (("batched", 64, 2.0), ("one_at_a_time", 1, 0.0))
-            for suffix, workers in (("", 2), ("_in_process", 0))
+            for suffix, workers in (("", 1), ("_in_process", 0))
         }
         lat: dict[str, list[float]] = {k: [] for k in servers}
         try:

@@ -93,7 +93,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=_number(int, minimum=0, inclusive=True),
-        default=2,
+        default=1,
         help="scorer processes for each hosted scorer, each scoring one micro-batch at a time (a call that overruns "
         "the deadline holds up one of them); 0: score in the server's own process (faster for cheap rules, but no "
         "deadline: only for scorers that cannot hang)",

@@ -57,7 +57,7 @@ class ServerSettings:
     #: the longest one scorer call may run before its process is stopped (hard deadline).
     request_timeout_s: float = 10.0
     #: scorer processes for each hosted scorer (0: in the server's own process, without a deadline).
-    workers: int = 2
+    workers: int = 1
     #: samples waiting for one scorer beyond which a request gets a 503.
     max_queued_samples: int = 16384
     token: str | None = None
