@@ -162,3 +162,22 @@ def test_dry_run_shows_config_components_placement_and_data_and_starts_nothing(t
     ):
         assert part in text, part
     assert "dry run: nothing started" in text and not (tmp_path / "run").exists()
+
+
+def test_certify_hands_a_backends_declared_max_ranks_to_its_checks(monkeypatch, tmp_path):
+    """A backend declaring ``max_ranks=1`` is refused 2-rank runs, so certify must skip its two-rank check: the
+    command hands the declaration to ``certify_backend`` (whose skip is tested in tests/rl_backend_dtensor). Before,
+    it passed none, and the two-rank check ran anyway."""
+    import attrs
+
+    from rl_core.certify import command
+    from rl_core.certify.card import Card
+    from rl_core.plugins.registry import Registry
+
+    registry = Registry.discover()
+    spec = attrs.evolve(registry.specs("training_backend")["dtensor"], max_ranks=1)
+    seen: dict = {}
+    monkeypatch.setattr(command, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(command, "certify_backend", lambda *a, **k: seen.update(k) or k["card"])
+    command._certify_ray_component(spec, registry, [], quick=False, work=tmp_path, card=Card("training backend", "x"))
+    assert seen["max_ranks"] == 1 and "two data-parallel ranks" in seen["variants"]

@@ -189,7 +189,15 @@ def _certify_ray_component(
         }
     sgd = spec.sgd_overrides
     return certify_backend(
-        make, model, tokenizer, work / "checkpoints", variants=variants, sgd=sgd, quick=quick, card=card
+        make,
+        model,
+        tokenizer,
+        work / "checkpoints",
+        variants=variants,
+        sgd=sgd,
+        max_ranks=spec.max_ranks,
+        quick=quick,
+        card=card,
     )
 
 
