@@ -181,3 +181,18 @@ def test_certify_hands_a_backends_declared_max_ranks_to_its_checks(monkeypatch, 
     monkeypatch.setattr(command, "certify_backend", lambda *a, **k: seen.update(k) or k["card"])
     command._certify_ray_component(spec, registry, [], quick=False, work=tmp_path, card=Card("training backend", "x"))
     assert seen["max_ranks"] == 1 and "two data-parallel ranks" in seen["variants"]
+
+
+def test_a_report_cards_text_is_printed_as_written_not_read_as_markup():
+    """The EOS check's bound "token_ids [eos], text ''" printed as "token_ids , text ''": rich read "[eos]" as a
+    style tag. Every cell of the card is the checks' own text."""
+    from rich.console import Console
+
+    from rl_core.certify.card import Card
+
+    card = Card("rollout engine", "x")
+    card.run("an EOS ends the response", "token_ids [eos], text ''", lambda: (True, "token_ids [2], text ''", ""))
+    console = Console(record=True, width=200)
+    console.print(card.render())
+    text = console.export_text()
+    assert "token_ids [eos], text ''" in text and "token_ids [2], text ''" in text, text

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 from rich.table import Table
+from rich.text import Text
 
 #: largest |engine or backend logprob - reference| on a sampled token, in fp32.
 LOGPROB_BOUND = 1e-4
@@ -104,7 +105,8 @@ class Card:
                 if r.passed
                 else "[bold red]FAIL[/bold red]"
             )
-            table.add_row(r.check, mark, r.measured, r.bound, r.detail)
+            # the checks' own text is data, not markup: rich would drop "[eos]" or "[1, 2]" as a tag
+            table.add_row(Text(r.check), mark, *(Text(str(c)) for c in (r.measured, r.bound, r.detail)))
         return table
 
     def as_dict(self) -> dict[str, Any]:
