@@ -10,6 +10,7 @@ Linux), even when it is killed mid-call, and a replaced one leaves no descriptor
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import multiprocessing
 import time
@@ -88,6 +89,9 @@ class ScorerProcess:
         )
         self.proc.start()
         child.close()
+        # the thread of its calls, its own: in the loop's shared executor a call could queue behind other scorers'
+        # calls, its deadline running meanwhile
+        self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-reward-pipe")
 
     def ready(self, start_timeout_s: float = 600.0) -> ScorerProcess:
         if not self.conn.poll(start_timeout_s):
@@ -107,7 +111,8 @@ class ScorerProcess:
         The thread ends by the deadline: ``poll`` returns at it, and a killed process ends a ``recv``."""
         request = (name, prompts, responses, metadata)
         try:
-            reply = await asyncio.to_thread(self._exchange, request, time.monotonic() + deadline_s)
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(self._io, self._exchange, request, time.monotonic() + deadline_s)
         except (OSError, EOFError) as exc:  # the process died mid-call (killed, out of memory)
             self.kill()
             raise ScorerLost(
@@ -139,6 +144,7 @@ class ScorerProcess:
             self.proc.kill()
         self.proc.join(timeout=10)
         self.conn.close()
+        self._io.shutdown(wait=False)
         if self.proc.exitcode is not None:
             self.proc.close()  # its sentinel descriptor too
 
