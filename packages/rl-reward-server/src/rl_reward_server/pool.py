@@ -3,8 +3,9 @@
 Each worker process builds the hosted scorers from their ``--scorer`` specs and scores one micro-batch at a time.
 A call that overruns the deadline is answered with ``ScoringTimeout`` at once and its process is killed (a
 computation holding the GIL cannot be interrupted any other way) and replaced in the background; the server's own
-process only waits (a thread per call in flight, blocking on the pipe), so ``/health`` keeps answering. Worker processes die with the server (``PR_SET_PDEATHSIG`` on
-Linux), even when it is killed mid-call, and a replaced one leaves no descriptor behind.
+process only waits (each worker's calls in a thread of its own, blocking on the pipe), so ``/health`` keeps
+answering. Worker processes die with the server (``PR_SET_PDEATHSIG`` on Linux), even when it is killed mid-call,
+and a replaced one leaves no descriptor behind.
 """
 
 from __future__ import annotations
@@ -109,9 +110,8 @@ class ScorerProcess:
         """Send a call and wait for its answer in a thread, with the pipe left blocking. (Watching the pipe from the
         event loop lets uvloop switch it to non-blocking, and a large message then stops halfway: ``[Errno 11]``.)
         The thread ends by the deadline: ``poll`` returns at it, and a killed process ends a ``recv``."""
-        request = (name, prompts, responses, metadata)
+        request, loop = (name, prompts, responses, metadata), asyncio.get_running_loop()
         try:
-            loop = asyncio.get_running_loop()
             reply = await loop.run_in_executor(self._io, self._exchange, request, time.monotonic() + deadline_s)
         except (OSError, EOFError) as exc:  # the process died mid-call (killed, out of memory)
             self.kill()
@@ -153,6 +153,9 @@ class InProcess:
     """The scorers of ``specs`` in the server's own process (``--workers 0``): no process hop, and no deadline, so
     only for scorers that cannot hang."""
 
+    #: one call at a time: a scorer in this process need not be thread-safe
+    size = 1
+
     def __init__(self, specs: Sequence[str]) -> None:
         from rl_core.api import Registry
         from rl_reward_server.hosting import build_scorer
@@ -164,9 +167,6 @@ class InProcess:
         self, name: str, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]
     ) -> list[Any]:
         return list(await asyncio.to_thread(self.scorers[name].score, prompts, responses, metadata))
-
-    #: one call at a time: a scorer in this process need not be thread-safe
-    size = 1
 
     async def start(self) -> None:
         return None
