@@ -83,8 +83,10 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
 def check_run_folder_truths(recipe: Path, overrides: list[str], run: Path, rl_registry, capsys) -> None:
     """Asked for fewer steps than it finished, a run folder says so (rather than exporting step 2's weights as a
     1-step run); when every checkpoint is damaged the run says so, starts again and logs each step once."""
+    begun = time.monotonic()
     with pytest.raises(InputError, match=r"checkpointed at step 2, past the 1 steps this config asks for"):
         run_config(load_config(recipe, [*overrides, "sft.max_num_steps=1"], rl_registry), rl_registry)
+    assert time.monotonic() - begun < 5, "decided before any worker starts"
     for manifest in (run / "checkpoints").glob("step_*/manifest.json"):
         manifest.unlink()
     capsys.readouterr()

@@ -140,6 +140,23 @@ def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_con
         _finished(tmp_path / "folder", run_identity(config), Record())
 
 
+def test_a_run_folder_past_the_steps_asked_for_is_refused_before_anything_starts(make_config, tmp_path: Path):
+    """A folder checkpointed at step 6, asked for 4 steps: refused from the checkpoints on disk, before the run's
+    warm-up or any worker (the config's model does not even exist); a damaged step 6 is not a reason to refuse."""
+    from rl_core.base.schema import CheckpointingConfig
+    from rl_core.outputs.checkpoint import CheckpointManager
+
+    config = make_config("grpo.max_num_steps=4", f"policy.model_name={tmp_path}/no/such/model")
+    checkpoints = CheckpointManager(Path(config.run_dir), CheckpointingConfig(keep_top_k=None))
+    for step in (2, 6):
+        checkpoints.save(step, {"step": step}, lambda p: (p.mkdir(), (p / "w.bin").write_bytes(b"w")), "")
+    with pytest.raises(InputError, match=r"checkpointed at step 6, past the 4 steps this config asks for"):
+        run_config(config, Registry.discover(), RunConsole(progress=False))
+    (checkpoints.root / "step_000006" / "policy" / "w.bin").write_bytes(b"damaged")
+    with pytest.raises(InputError, match=r"policy.model_name: no Hugging Face model folder"):  # it goes on
+        run_config(config, Registry.discover(), RunConsole(progress=False))
+
+
 def test_a_damaged_weights_file_is_named_before_anything_starts(make_config, tiny_model_path, tmp_path: Path):
     import shutil
 

@@ -28,7 +28,7 @@ from rl_core.data.models import check_model_folder, resolve_model_path
 from rl_core.data.prompts import load_split
 from rl_core.distributed.cluster import init_ray
 from rl_core.distributed.placement import Device, detected_device
-from rl_core.outputs.checkpoint import CheckpointManager, atomic_folder, atomic_write_text
+from rl_core.outputs.checkpoint import CheckpointManager, atomic_folder, atomic_write_text, verify
 from rl_core.outputs.console import RunConsole
 from rl_core.outputs.metrics import JsonlLogger
 from rl_core.plugins.registry import Registry
@@ -45,6 +45,7 @@ from rl_core.plugins.specs import (
 from rl_core.rewards.combine import NamedRewardSource
 from rl_core.training.context import RunContext
 from rl_core.training.episodes import EnvironmentRunner
+from rl_core.training.loops import refuse_past_the_end
 
 T = TypeVar("T")
 
@@ -401,6 +402,7 @@ def run_config(
         if done:
             console.info(f"  final: {_brief(done)}")
         return done
+    _refuse_past_the_end(config, run_dir)
     with open_run(config, registry, console) as ctx:
         final = ctx.run_dir / "final" if ctx.config.checkpointing.export_final_hf else None
         registry.hook.rl_run_start(config=ctx.config, run_dir=ctx.run_dir)
@@ -426,6 +428,20 @@ def run_identity(config: Config) -> str:
     """What makes two configs the same run: the resolved config without where it runs (``run_dir``, however it is
     spelled) and how it is shown and logged (``logger``), which change no step."""
     return dump_yaml(attrs.evolve(config, run_dir=".", logger=LoggerConfig()))
+
+
+def _refuse_past_the_end(config: Config, run_dir: Path) -> None:
+    """Before anything starts (not once the workers have, tens of seconds later): a run folder whose newest whole
+    checkpoint is past the steps this config asks for is refused (``refuse_past_the_end``). Only checkpoints past
+    the end are verified here; the resume verifies the one it loads."""
+    total = getattr(config.sections.get(config.algorithm), "max_num_steps", None)
+    if total is None:
+        return
+    for checkpoint in reversed(CheckpointManager(run_dir, config.checkpointing).complete()):
+        if checkpoint.step <= total:
+            return
+        if verify(checkpoint.path) is None:
+            refuse_past_the_end(run_dir, checkpoint.step, total)
 
 
 def _finished(run_dir: Path, identity: str, console: RunConsole) -> dict[str, float] | None:

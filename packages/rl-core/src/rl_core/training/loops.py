@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -67,12 +68,7 @@ def run_loop(
     if ctx.engine is not None and (state is not None or ctx.config.policy.lora.adapter_path):
         refit(ctx)  # the engine starts from the base model: resumed weights, or a given adapter, go to it first
     start = int(state["step"]) if state else 0
-    if start > total_steps:
-        raise InputError(
-            f"{ctx.run_dir} holds a run checkpointed at step {start}, past the {total_steps} steps this config asks "
-            f"for: its checkpoints (and final model) are step {start}'s. To train {total_steps} steps, use another "
-            "run_dir"
-        )
+    refuse_past_the_end(ctx.run_dir, start, total_steps)
     sampler = EpochSampler(train, rows_per_step, ctx.config.seed, (state or {}).get("data_position", 0))
     if stepper is not None:
         steps = stepper(sampler, start, state)
@@ -95,6 +91,17 @@ def run_loop(
     finally:
         steps.close()
     return metrics
+
+
+def refuse_past_the_end(run_dir: Path, start: int, total_steps: int) -> None:
+    """A run folder checkpointed at step ``start`` cannot become a ``total_steps``-step run when ``start`` is past
+    it: its checkpoints (and final model) are step ``start``'s."""
+    if start > total_steps:
+        raise InputError(
+            f"{run_dir} holds a run checkpointed at step {start}, past the {total_steps} steps this config asks "
+            f"for: its checkpoints (and final model) are step {start}'s. To train {total_steps} steps, use another "
+            "run_dir"
+        )
 
 
 def prefixed(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
