@@ -75,6 +75,36 @@ def test_a_failing_factory_leaks_no_worker_of_what_was_built(ray_session, make_c
     assert not left, "the backend built before the failing engine must be shut down (its placement group removed)"
 
 
+class FailingFactories:
+    """A reward source and an environment whose factories fail (as a plugin's missing dependency would)."""
+
+    @hookimpl
+    def rl_reward_sources(self):
+        from rl_core.plugins.specs import RewardSourceSpec
+
+        return [RewardSourceSpec(name="broken", factory=self.fail, package="broken-plugin 0.1")]
+
+    @hookimpl
+    def rl_environments(self):
+        from rl_core.plugins.specs import EnvironmentSpec
+
+        return [EnvironmentSpec(name="broken_env", factory=self.fail, package="broken-plugin 0.1")]
+
+    @staticmethod
+    def fail(options):
+        raise ModuleNotFoundError("No module named 'sympy'")
+
+
+@pytest.mark.parametrize("name", ["broken", "broken_env"])
+def test_certify_names_the_component_and_package_whose_factory_fails(name: str, tmp_path: Path):
+    from rl_core.certify.command import certify
+
+    registry = Registry.discover(extra=[("broken", FailingFactories())])
+    kind = "reward source" if name == "broken" else "environment"
+    with pytest.raises(PluginError, match=rf"{kind} '{name}' \(broken-plugin 0.1\) failed to start: ModuleNotFound"):
+        certify(name, registry, work=tmp_path)
+
+
 def test_the_core_registers_through_its_entry_point():
     registry = Registry.discover(entry_points=False)
     assert registry.plugins["core"].distribution == "rl-core"

@@ -20,6 +20,7 @@ from rl_core.config.loader import load_config, structure_section
 from rl_core.data.prompts import TASKS, load_jsonl
 from rl_core.data.tiny_models import ensure_tiny_model
 from rl_core.distributed.cluster import init_ray
+from rl_core.launch.run import started
 from rl_core.plugins.specs import (
     AlgorithmSpec,
     ComponentSpec,
@@ -68,7 +69,8 @@ def certify(
     try:
         if which is RewardSourceSpec:
             spec = registry.get(RewardSourceSpec, name)
-            source = spec.factory(_options(spec.config_class, f"reward source {name}", options))
+            opts = _options(spec.config_class, f"reward source {name}", options)
+            source = started("reward source", spec, lambda: spec.factory(opts))
             return certify_reward_source(source, card=card)
         if which is EnvironmentSpec:
             return _certify_environment(registry.get(EnvironmentSpec, name), options, data, card)
@@ -87,7 +89,8 @@ def certify(
 def _certify_environment(spec: EnvironmentSpec, options: Sequence[str], data: Path | None, card: Card) -> Card:
     """On the first rows of ``data`` (JSONL), else of the built-in task of the same name, and a few plain turns."""
 
-    env = spec.factory(_options(spec.config_class, spec.name, options))
+    opts = _options(spec.config_class, spec.name, options)
+    env = started("environment", spec, lambda: spec.factory(opts))
     if data is not None:
         rows = load_jsonl(data)[:8]
     elif spec.name in TASKS:
@@ -170,7 +173,7 @@ def _certify_ray_component(
     init_ray(tiny.config([], "probe").cluster, verbose=False)
     if isinstance(spec, RolloutEngineSpec):
         cfg = tiny.config([], "engine")
-        engine = spec.factory(cfg, tiny.section(cfg))
+        engine = started("rollout engine", spec, lambda: spec.factory(cfg, tiny.section(cfg)))
         try:
             adapters = cfg.policy.lora if cfg.policy.lora.enabled and getattr(engine, "takes_adapters", False) else None
             return certify_engine(
@@ -207,7 +210,7 @@ def _backend_maker(tiny: _TinyRun, spec: TrainingBackendSpec) -> Callable[[Seque
 
     def make(overrides: Sequence[str]) -> TrainingBackend:
         cfg = tiny.config(overrides, f"backend-{next(runs)}")
-        backend: TrainingBackend = spec.factory(cfg, tiny.section(cfg))
+        backend: TrainingBackend = started("training backend", spec, lambda: spec.factory(cfg, tiny.section(cfg)))
         return backend
 
     return make

@@ -203,7 +203,7 @@ def make_loggers(config: Config, registry: Registry, run_dir: Path, stack: conte
     loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
     stack.callback(loggers[0].close)
     for spec in enabled_loggers(config, registry):
-        logger = spec.factory(config, run_dir)
+        logger = started("metrics logger", spec, lambda: spec.factory(config, run_dir))  # noqa: B023 - called now
         stack.callback(logger.close)
         loggers.append(logger)
     return loggers
@@ -293,9 +293,8 @@ def start_environment(config: Config, registry: Registry, stack: contextlib.Exit
     """The multi-turn environment ``environment.name`` names, with its step workers; closed by ``stack``."""
     spec = registry.get(EnvironmentSpec, config.environment.name or "")
     options = config.environment.options
-    environment = EnvironmentRunner(
-        spec.factory(options), spec.name, config.environment, spec.stop_strings, spec.factory
-    )
+    env = started("environment", spec, lambda: spec.factory(options))
+    environment = EnvironmentRunner(env, spec.name, config.environment, spec.stop_strings, spec.factory)
     stack.callback(environment.close)
     return environment
 
