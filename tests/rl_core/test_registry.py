@@ -1,6 +1,8 @@
 """The registry itself: duplicates, broken plugins, selection by priority. Fake plugins are fine here: the
 registry's own logic is under test (the real third-party discovery is in test_third_party_plugin.py)."""
 
+import argparse
+
 import attrs
 import pytest
 
@@ -38,6 +40,27 @@ def test_duplicate_names_are_an_error_naming_both():
         Registry.discover(
             entry_points=False, extra=[("a", backend_plugin("x", 1, "p.a")), ("b", backend_plugin("x", 2, "p.b"))]
         )
+
+
+def test_rl_core_plugins_lists_clashing_plugins_where_other_commands_stop(capsys):
+    """The clash's message says "rl-core plugins lists what is installed": so that command lists the clashing
+    plugin as a conflict (with the message) and keeps the first one's components, where a run stops."""
+    from rl_core.cli import cmd_plugins, plugins_report
+
+    plugins = [("a", backend_plugin("x", 1, "p.a")), ("b", backend_plugin("x", 2, "p.b"))]
+    reg = Registry.discover(entry_points=False, extra=plugins, lenient=True)
+    rows = {row["plugin"]: row for row in plugins_report(reg)}
+    assert rows["a"]["status"] == "loaded" and rows["b"]["status"] == "conflict", rows
+    assert "'x' is registered twice" in rows["b"]["error"] and not rows["b"]["components"]
+    assert reg.get("training_backend", "x").priority == 1 and reg.pm.get_plugin("b") is None
+    twin = Registry.discover(entry_points=False, extra=[("t", backend_plugin("y", 1, "p.y"))], lenient=True)
+    twin._add("t", backend_plugin("z", 1, "p.z"), "t-fork", "2")
+    assert (
+        twin.plugins["t (t-fork)"].status == "conflict"
+        and "two plugins are named 't'" in twin.plugins["t (t-fork)"].error
+    )
+    cmd_plugins(argparse.Namespace(explain=None, json=False), reg)
+    assert "conflict" in capsys.readouterr().out
 
 
 def test_plugin_failing_at_registration_is_skipped_and_reported():

@@ -394,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.setLevel(logging.DEBUG if debug or "--verbose" in argv else logging.WARNING)
     try:
-        registry = Registry.discover()
+        # `rl-core plugins` lists plugins that clash (the advice other commands give for a clash) instead of failing
+        command = next((a for a in argv if not a.startswith("-")), None)
+        registry = Registry.discover(lenient=command == "plugins")
         parser = build_parser(registry)
         args = _parse(parser, argv)
         if args.version:

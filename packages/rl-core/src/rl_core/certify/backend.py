@@ -224,7 +224,9 @@ def check_export(case: BackendCase) -> Outcome:
 
 def check_invariance(grads: Gradients, overrides: Sequence[str]) -> Outcome:
     (plain, loss), (other, other_loss) = grads.plain, grads.step(overrides)
-    scale = max(float(g.abs().max()) for g in plain.values())
+    scale = largest(plain)
+    if scale == 0.0:
+        return False, STILL
     d = max_diff(other, plain) / scale
     dl = abs(other_loss - loss) / max(abs(loss), 1e-12)
     return d <= INVARIANCE_BOUND and dl <= INVARIANCE_BOUND, f"gradient {fmt(d)}, loss {fmt(dl)}"
@@ -234,10 +236,21 @@ def check_clipping(grads: Gradients) -> Outcome:
     """With policy.max_grad_norm at half the gradient's global norm, the SGD update is the gradient scaled to that
     norm."""
     plain = grads.plain[0]
+    if largest(plain) == 0.0:
+        return False, STILL
     norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in plain.values()))
     clipped, _loss = grads.step([f"policy.max_grad_norm={norm / 2}"])
-    d = max_diff(clipped, {k: g * 0.5 for k, g in plain.items()}) / max(float(g.abs().max()) for g in plain.values())
+    d = max_diff(clipped, {k: g * 0.5 for k, g in plain.items()}) / largest(plain)
     return d <= 1e-5, f"update vs gradient x 0.5: {fmt(d)}"
+
+
+#: a gradient check's result when the plain SGD step moved nothing (there is no scale to compare against)
+STILL = "the plain SGD step moved no weight (every update is 0): the backend does not train"
+
+
+def largest(update: Mapping[str, torch.Tensor]) -> float:
+    """The largest absolute entry of an update (its scale)."""
+    return max((float(g.abs().max()) for g in update.values()), default=0.0)
 
 
 def _pg_batch(tokenizer: Any) -> PolicyGradientBatch:

@@ -23,7 +23,9 @@ REFIT_MOVES = 1e-2
 #: the learning-rate schedule of the backend certify checks (its state must survive a checkpoint)
 DECAYING_SCHEDULE = (
     "policy.scheduler.name=linear",
-    "policy.scheduler.total_steps=4",
+    # long enough that no step certify takes reaches the floor: every step's learning rate differs from the next's,
+    # so a resumed step at the wrong point of the schedule shows
+    "policy.scheduler.total_steps=100",
     "policy.scheduler.min_lr_ratio=0.1",
 )
 #: the longest a refit may take before certify calls it hung (a receiver that never joins a broadcast, say).

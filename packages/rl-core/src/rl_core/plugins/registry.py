@@ -59,7 +59,8 @@ class PluginInfo:
     name: str
     distribution: str
     version: str
-    status: Literal["loaded", "failed", "disabled"]
+    #: "conflict": it clashes with a plugin loaded before it (only ``rl-core plugins`` gets this far; a run stops)
+    status: Literal["loaded", "failed", "disabled", "conflict"]
     error: str | None = None
     #: what to do about ``error``.
     advice: str = ""
@@ -110,6 +111,8 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self._components: dict[str, dict[str, Registered]] = {kind: {} for kind in KINDS}
+        #: record a clash between plugins (status "conflict") instead of raising it: ``rl-core plugins``
+        self.lenient = False
 
     # -- building -------------------------------------------------------------------------------------------------
 
@@ -120,10 +123,14 @@ class Registry:
         entry_points: bool = True,
         disabled: Iterable[str] | None = None,
         extra: Sequence[tuple[str, object]] = (),
+        lenient: bool = False,
     ) -> Registry:
         """Build the registry: the core's own entry point, then (with ``entry_points``) every other plugin of the
-        ``rl_core`` group not disabled, then ``extra`` (``(name, module_or_object)`` pairs, for tests)."""
+        ``rl_core`` group not disabled, then ``extra`` (``(name, module_or_object)`` pairs, for tests). Two plugins
+        of one name, or two components of one kind and name, are an error; with ``lenient`` the later one is
+        listed as a conflict instead (what ``rl-core plugins`` shows)."""
         reg = cls()
+        reg.lenient = lenient
         blocked = disabled_from_env() if disabled is None else frozenset(disabled)
         found = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
         core = [ep for ep in found if ep.name == BUILTIN]
@@ -159,10 +166,13 @@ class Registry:
     def _add(self, name: str, module: object, dist: str, version: str) -> None:
         if name in self.plugins and self.plugins[name].status == "loaded":
             other = self.plugins[name]
-            raise PluginError(
+            self._conflict(
+                f"{name} ({dist})",
+                PluginInfo(name=name, distribution=dist, version=version, status="conflict"),
                 f"two plugins are named {name!r}: from {other.distribution} {other.version} and from {dist} {version}. "
-                f"Keep one: pip uninstall {dist} (or {other.distribution}); rl-core plugins lists what is installed"
+                f"Keep one: pip uninstall {dist} (or {other.distribution}); rl-core plugins lists what is installed",
             )
+            return
         self.pm.register(module, name=name)
         collected: dict[str, list[Any]] = {}
         try:
@@ -194,17 +204,29 @@ class Registry:
                 if existing is not None:
                     first = self.plugins.get(existing.plugin)
                     first_dist = f"{first.distribution} {first.version}" if first else existing.plugin
-                    raise PluginError(
+                    self.pm.unregister(name=name)
+                    self._conflict(
+                        name,
+                        PluginInfo(name=name, distribution=dist, version=version, status="conflict"),
                         f"{KINDS[kind].words} {record.name!r} is registered twice: by {first_dist} "
                         f"(plugin {existing.plugin!r}) and by {dist} {version} (plugin {name!r}); "
-                        f"uninstall one, or block one with {DISABLE_ENV}={name}"
+                        f"uninstall one, or block one with {DISABLE_ENV}={name}",
                     )
+                    return
+        for kind, records in collected.items():
+            for record in records:
                 self._components[kind][record.name] = Registered(spec=record, plugin=name)
         hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(module) or []))
         where = module.__name__ if isinstance(module, types.ModuleType) else type(module).__module__
         self.plugins[name] = PluginInfo(
             name=name, distribution=dist, version=version, status="loaded", hooks=hooks, module=where
         )
+
+    def _conflict(self, key: str, info: PluginInfo, message: str) -> None:
+        """A plugin that clashes with one loaded before it: an error, or (``lenient``) listed and left out."""
+        if not self.lenient:
+            raise PluginError(message)
+        self.plugins[key] = attrs.evolve(info, error=message)
 
     # -- lookup ---------------------------------------------------------------------------------------------------
 
