@@ -3,6 +3,8 @@ CUDA IPC handles, a broadcast over a group of its own, and the checksums that ve
 
 import multiprocessing
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -100,6 +102,25 @@ def test_same_host_refit_goes_through_one_reused_shared_memory_segment(ray_sessi
         proc.join()
         assert got == {k: (v.dtype, v.tolist()) for k, v in state.items()}
     assert len(names) == 1, "the segment is kept across refits"
+
+
+def test_a_segment_read_where_it_was_made_leaves_its_tracker_quiet():
+    """Sender and receiver in one process (or a child sharing its resource tracker, as the test above spawns): the
+    sender's unlink at close must not make the tracker print a KeyError traceback, which reads like a crash in
+    every log it lands in."""
+    script = """
+import time, torch, ray
+from rl_core.contracts.refit import RefitRoute, RefitSender, receive_weights
+sender = RefitSender()
+payload = sender.publish({"w": torch.ones(4)}, RefitRoute(receivers=(ray.util.get_node_ip_address(),)))
+assert payload.kind == "host_shm", payload.kind
+assert dict(receive_weights(payload))["w"].tolist() == [1.0] * 4
+sender.close()
+time.sleep(1.0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "KeyError" not in done.stderr and "resource_tracker" not in done.stderr, done.stderr[-2000:]
 
 
 def test_a_full_shared_memory_falls_back_to_the_object_store(ray_session, monkeypatch):

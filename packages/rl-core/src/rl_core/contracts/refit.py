@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -220,17 +221,35 @@ def _from_arrays(arrays: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]
 _SEGMENTS: dict[str, Any] = {}
 
 
+def _attach(name: str) -> Any:
+    """The sender's segment ``name``, mapped here untracked: the sender owns it (it unlinks it when it closes), so
+    this process's resource tracker must neither unlink it at exit nor hear of it at all. Python < 3.13 registers
+    every attach; unregistering afterwards, as one would, breaks a tracker shared with the sender (the same process,
+    or a child that inherited it): the sender's unlink then makes it print a ``KeyError`` traceback. 3.13's
+    ``track=False`` is this."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+    register = resource_tracker.register
+
+    def register_others(resource: str, rtype: str) -> None:
+        if not (rtype == "shared_memory" and resource.lstrip("/") == name.lstrip("/")):
+            register(resource, rtype)
+
+    resource_tracker.register = register_others
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
 def _read_host_shm(payload: HostShmWeights) -> Iterator[tuple[str, torch.Tensor]]:
     """Views of the sender's segment, which stays mapped here (the sender rewrites it only at the next refit)."""
     import torch
 
     if payload.segment not in _SEGMENTS:  # a new segment only when the sender outgrew its last one
-        from multiprocessing import resource_tracker, shared_memory
-
-        segment = shared_memory.SharedMemory(name=payload.segment)
-        # the sender owns the segment: this process must not unlink it when it exits (Python < 3.13 would)
-        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-        _SEGMENTS[payload.segment] = segment
+        _SEGMENTS[payload.segment] = _attach(payload.segment)
     buf = _SEGMENTS[payload.segment].buf
     for meta in payload.tensors:
         dt, count = getattr(torch, meta.dtype), math.prod(meta.shape)
