@@ -221,8 +221,8 @@ def _from_arrays(arrays: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]
 _SEGMENTS: dict[str, Any] = {}
 
 
-def _attach(name: str) -> Any:
-    """The sender's segment ``name``, mapped here untracked: the sender owns it (it unlinks it when it closes), so
+def _attach(segment: str) -> Any:
+    """The sender's segment ``segment``, mapped here untracked: the sender owns it (it unlinks it when it closes), so
     this process's resource tracker must neither unlink it at exit nor hear of it at all. Python < 3.13 registers
     every attach; unregistering afterwards, as one would, breaks a tracker shared with the sender (the same process,
     or a child that inherited it): the sender's unlink then makes it print a ``KeyError`` traceback. 3.13's
@@ -230,16 +230,16 @@ def _attach(name: str) -> Any:
     from multiprocessing import resource_tracker, shared_memory
 
     if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+        return shared_memory.SharedMemory(name=segment, track=False)  # type: ignore[call-arg,unused-ignore]
     register = resource_tracker.register
 
-    def register_others(resource: str, rtype: str) -> None:
-        if not (rtype == "shared_memory" and resource.lstrip("/") == name.lstrip("/")):
-            register(resource, rtype)
+    def register_others(name: Any, rtype: str) -> None:
+        if not (rtype == "shared_memory" and name.lstrip("/") == segment.lstrip("/")):
+            register(name, rtype)
 
     resource_tracker.register = register_others
     try:
-        return shared_memory.SharedMemory(name=name)
+        return shared_memory.SharedMemory(name=segment)
     finally:
         resource_tracker.register = register
 
