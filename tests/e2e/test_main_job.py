@@ -233,4 +233,16 @@ def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: P
     report = json.loads((tmp_path / "k4" / "report.json").read_text())
     samples = [json.loads(line) for line in (tmp_path / "k4" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * 83 and samples[-1]["row"] == 82
-    assert report["pass@4"] >= report["maj@4"] and report["pass@4"] >= report["reward"] > 0.5, report
+    # the figures recomputed from the samples (any grouping of 0/1 rewards has pass@4 >= maj@4: that proves nothing)
+    groups: dict[int, list[dict]] = {}
+    for s in samples:
+        groups.setdefault(s["row"], []).append(s)
+    assert all(len(g) == 4 for g in groups.values())
+
+    def majority_right(group: list[dict]) -> bool:
+        texts = ["".join(t["text"] for t in s["turns"] if t["role"] == "model").strip() for s in group]
+        return group[texts.index(max(texts, key=texts.count))]["reward"] >= 1.0  # the first of equal counts
+
+    assert report["pass@4"] == sum(any(s["reward"] >= 1.0 for s in g) for g in groups.values()) / 83, report
+    assert report["maj@4"] == sum(majority_right(g) for g in groups.values()) / 83, report
+    assert report["reward"] == sum(s["reward"] for s in samples) / len(samples) > 0.5, report
