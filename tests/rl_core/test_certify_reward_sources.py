@@ -91,11 +91,13 @@ def test_certify_fails_every_planted_reward_source_bug(mutant):
 class CtrlC(Passthrough):
     """Ctrl-C arrives while the third check scores (the first two score twice: protocol check, whole batch, order)."""
 
-    calls = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0  # each instance counts its own calls: a rerun of the test starts again at 0
 
     def score(self, prompts, responses, metadata):
-        CtrlC.calls += 1
-        if CtrlC.calls == 3:
+        self.calls += 1
+        if self.calls == 3:
             raise KeyboardInterrupt
         return super().score(prompts, responses, metadata)
 
