@@ -114,7 +114,7 @@ def test_the_core_registers_through_its_entry_point():
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_finished_one_frees_it(tmp_path: Path):
-    from rl_core.launch.run import run_lock
+    from rl_core.launch.folder import run_lock
 
     with (
         run_lock(tmp_path),
@@ -142,18 +142,18 @@ class Record:
     ids=["truncated", "not-json", "not-a-record", "string-metric"],
 )
 def test_a_complete_json_that_is_not_a_record_is_named_and_ignored(tmp_path: Path, content: str):
-    from rl_core.launch.run import COMPLETE, _finished
+    from rl_core.launch.folder import COMPLETE, finished_metrics
 
     (tmp_path / COMPLETE).write_text(content)
     console = Record()
-    assert _finished(tmp_path, "x", console) is None  # the run goes on from its checkpoints
+    assert finished_metrics(tmp_path, "x", console) is None  # the run goes on from its checkpoints
     assert len(console.lines) == 1 and str(tmp_path / COMPLETE) in console.lines[0], console.lines
 
 
 def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_config):
     import json
 
-    from rl_core.launch.run import COMPLETE, _finished, run_identity
+    from rl_core.launch.folder import COMPLETE, finished_metrics, run_identity
 
     config = make_config("grpo.max_num_steps=4")
     (tmp_path / COMPLETE).write_text(json.dumps({"config": run_identity(config), "metrics": {"val/reward": 1}}))
@@ -162,12 +162,12 @@ def test_a_finished_record_counts_for_the_same_run_only(tmp_path: Path, make_con
         make_config("grpo.max_num_steps=4", f"run_dir={tmp_path}/run/"),  # how the folder is spelled
         make_config("grpo.max_num_steps=4", "logger.tensorboard_enabled=true"),
     ]
-    assert all(_finished(tmp_path, run_identity(c), Record()) == {"val/reward": 1.0} for c in same)
-    assert _finished(tmp_path, run_identity(make_config("grpo.max_num_steps=6")), Record()) is None
-    assert _finished(tmp_path / "elsewhere", run_identity(config), Record()) is None  # no record: a new run
+    assert all(finished_metrics(tmp_path, run_identity(c), Record()) == {"val/reward": 1.0} for c in same)
+    assert finished_metrics(tmp_path, run_identity(make_config("grpo.max_num_steps=6")), Record()) is None
+    assert finished_metrics(tmp_path / "elsewhere", run_identity(config), Record()) is None  # no record: a new run
     (tmp_path / "folder" / COMPLETE).mkdir(parents=True)
     with pytest.raises(InputError, match="is a folder, where rl-core writes the record of a finished run"):
-        _finished(tmp_path / "folder", run_identity(config), Record())
+        finished_metrics(tmp_path / "folder", run_identity(config), Record())
 
 
 def test_a_run_folder_past_the_steps_asked_for_is_refused_before_anything_starts(make_config, tmp_path: Path):
@@ -217,3 +217,41 @@ def test_lengths_beyond_the_model_or_the_sequence_are_named_before_anything_star
         prepare(make_config, model, "policy.max_total_sequence_length=2048")
     with pytest.raises(ConfigError, match=r"policy.generation.max_new_tokens \(600\) leaves no room for a prompt"):
         prepare(make_config, model, "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=600")
+
+
+def test_the_backend_and_the_engine_start_together_and_a_failed_start_releases_the_other():
+    """Their starts overlap (each waits for the other here: one after the other, the first would time out); when
+    one fails, the other still finishes starting and is shut down with the run's stack, and the failure is raised."""
+    import contextlib
+    import threading
+
+    from rl_core.launch.components import owned, start_all
+
+    both = threading.Barrier(2, timeout=10)
+    stopped: list[str] = []
+
+    class Component:
+        def __init__(self, name: str) -> None:
+            both.wait()  # BrokenBarrierError after 10 s unless the other start runs at the same time
+            self.name = name
+
+        def shutdown(self) -> None:
+            stopped.append(self.name)
+
+    with contextlib.ExitStack() as stack:
+        got = start_all({n: owned(stack, lambda n=n: Component(n)) for n in ("backend", "engine")}, together=True)
+        assert {n: c.name for n, c in got.items()} == {"backend": "backend", "engine": "engine"}
+    assert sorted(stopped) == ["backend", "engine"]
+
+    def broken() -> Component:
+        both.wait()
+        raise RuntimeError("the engine's model does not load")
+
+    stopped.clear()
+    with pytest.raises(RuntimeError, match="does not load"), contextlib.ExitStack() as stack:
+        start_all({"backend": owned(stack, lambda: Component("backend")), "engine": broken}, together=True)
+    assert stopped == ["backend"]
+    # colocated on GPUs: one after the other, in order
+    order: list[str] = []
+    start_all({n: (lambda n=n: order.append(n)) for n in ("backend", "critic", "engine")}, together=False)
+    assert order == ["backend", "critic", "engine"]

@@ -77,7 +77,7 @@ def test_reward_model_scores_are_the_same_over_http(start_server, reward_model, 
     check_reward_source(remote, prompts[:3], responses[:3], [{}] * 3)
     # NeMo-Aligner's constraint, from what the server reports: 4 x 2 replicas must fit a request of rollouts
     assert remote.micro_batching() == (4, 2) and replicated.micro_batching() == (2, 2)
-    from rl_core.launch.run import check_micro_batching
+    from rl_core.launch.checks import check_micro_batching
     from rl_core.training.context import NamedRewardSource
 
     named = [NamedRewardSource(name="remote", weight=1.0, source=remote)]

@@ -30,8 +30,9 @@ from rl_core.config.loader import load_config
 from rl_core.config.reference import config_reference
 from rl_core.data.prompts import load_split
 from rl_core.distributed.placement import detected_device, engine_layout, policy_layout
+from rl_core.launch.checks import check_loggers
 from rl_core.launch.evaluate import EvalSettings, eval_folder, run_eval
-from rl_core.launch.run import check_loggers, run_config
+from rl_core.launch.run import run_config
 from rl_core.outputs.console import RunConsole
 from rl_core.outputs.logs import run_logs
 from rl_core.outputs.plot import plot_run

@@ -17,7 +17,8 @@ from rich.console import Console
 
 from rl_core.certify.card import Card, Outcome
 from rl_core.config.loader import load_config
-from rl_core.launch.run import COMPLETE, run_config
+from rl_core.launch.folder import COMPLETE
+from rl_core.launch.run import run_config
 from rl_core.outputs.console import RunConsole
 from rl_core.plugins.registry import Registry
 from rl_core.plugins.specs import AlgorithmSpec

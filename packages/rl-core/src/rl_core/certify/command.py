@@ -20,7 +20,7 @@ from rl_core.config.loader import load_config, structure_section
 from rl_core.data.prompts import TASKS, load_jsonl
 from rl_core.data.tiny_models import ensure_tiny_model
 from rl_core.distributed.cluster import init_ray
-from rl_core.launch.run import started
+from rl_core.launch.components import started
 from rl_core.plugins.specs import (
     AlgorithmSpec,
     ComponentSpec,
