@@ -5,7 +5,7 @@ however one batch is split, and gradient clipping."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,6 +84,7 @@ def certify_backend(
     sgd: Sequence[str] = SGD_OVERRIDES,
     max_ranks: int | None = None,
     quick: bool = False,
+    only: Collection[str] | None = None,
     card: Card | None = None,
 ) -> Card:
     """Certify a training backend. ``make(overrides)`` builds one over ``model_path`` (fp32) with config
@@ -91,15 +92,54 @@ def certify_backend(
     one row per micro-batch; unless ``quick``, two data-parallel ranks). ``sgd``: the overrides that make a step
     plain SGD with learning rate 1 and no clipping, so that a step's update is its gradient
     (``TrainingBackendSpec.sgd_overrides``). A variant needing more ranks than ``max_ranks``
-    (``TrainingBackendSpec.max_ranks``) is skipped, and the card says why."""
+    (``TrainingBackendSpec.max_ranks``) is skipped, and the card says why. ``only``: the checks to run, by name;
+    the others' backends never start. The checks on one backend (``SINGLE_BACKEND_CHECKS``) each build on the
+    state the one before leaves: asking for any of them runs them all."""
 
     card = card or Card("training backend", "?")
     if variants is None:
         variants = {"one row per micro-batch": ["policy.train_micro_batch_size=1"]}
         if not quick:
             variants = {**variants, "two data-parallel ranks": ["policy.num_workers=2"]}
+    checks = {name for name, _bound, _check in SINGLE_BACKEND_CHECKS}
+    gradient_checks = {f"loss and gradients are the same with {name}": o for name, o in variants.items()}
+    known = checks | gradient_checks.keys() | {CLIPPING}
+    unknown = sorted(set(only or ()) - known)
+    if unknown:
+        raise ValueError(f"no backend check named {', '.join(map(repr, unknown))}; the checks: {sorted(known)}")
+
+    def wanted(check: str) -> bool:
+        return only is None or check in only
+
     batch, loss_fn, nll = _pg_batch(tokenizer), ClippedPGLoss(cfg=LossConfig()), sample_batch(tokenizer)
-    # a decaying schedule: resumed steps equal uninterrupted ones only if the scheduler's state came back too
+    if any(map(wanted, checks)):
+        _single_backend_checks(make, model_path, work, batch, loss_fn, nll, card)
+    grads = Gradients(make=make, sgd=sgd, batch=batch, loss_fn=loss_fn)
+    bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
+    for check, overrides in gradient_checks.items():
+        if not wanted(check):
+            continue
+        ranks = max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
+        if max_ranks is not None and ranks > max_ranks:
+            card.skip(check, f"needs {ranks} ranks; the backend declares max_ranks={max_ranks}")
+            continue
+        card.run(check, bound, partial(check_invariance, grads, overrides))
+    if wanted(CLIPPING):
+        card.run(CLIPPING, "<= 1e-05 (relative)", partial(check_clipping, grads))
+    return card
+
+
+def _single_backend_checks(
+    make: Callable[[Sequence[str]], TrainingBackend],
+    model_path: Path,
+    work: Path,
+    batch: PolicyGradientBatch,
+    loss_fn: LossFunction[Any],
+    nll: TokenBatch,
+    card: Card,
+) -> None:
+    """``SINGLE_BACKEND_CHECKS`` in order, on one backend with a decaying schedule (resumed steps equal
+    uninterrupted ones only if the scheduler's state came back too), saved at step 0 before any check."""
     backend = make(list(DECAYING_SCHEDULE))
     try:
         before = backend.logprobs(nll)
@@ -114,40 +154,11 @@ def certify_backend(
             initial=weights_of(backend),
         )
         work.mkdir(parents=True, exist_ok=True)
-        _single_backend_checks(case, card)
+        backend.save_checkpoint(work / "step0")
+        for name, bound, check in SINGLE_BACKEND_CHECKS:
+            card.run(name, bound, partial(check, case))
     finally:
         backend.shutdown()
-    grads = Gradients(make=make, sgd=sgd, batch=batch, loss_fn=loss_fn)
-    bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
-    for name, overrides in variants.items():
-        check = f"loss and gradients are the same with {name}"
-        ranks = max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
-        if max_ranks is not None and ranks > max_ranks:
-            card.skip(check, f"needs {ranks} ranks; the backend declares max_ranks={max_ranks}")
-            continue
-        card.run(check, bound, partial(check_invariance, grads, overrides))
-    card.run("gradient clipping follows policy.max_grad_norm", "<= 1e-05 (relative)", partial(check_clipping, grads))
-    return card
-
-
-def _single_backend_checks(case: BackendCase, card: Card) -> None:
-    card.run("implements the protocol", "TrainingBackend", partial(check_protocol, case))
-    card.run("logprobs vs a plain HF forward", "<= 1e-05", partial(check_parity, case))
-    card.run("logprobs are 0 on padding and at position 0", "exactly 0", partial(check_padding, case))
-    card.run("reference logprobs equal the policy's before training", "<= 1e-05", partial(check_reference, case))
-    card.run("weights_for_refit equals the model's parameters", "exactly equal", partial(check_refit_weights, case))
-    case.backend.save_checkpoint(case.work / "step0")
-    card.run(
-        "a step changes the weights and reports a finite loss", "moved > 0, loss finite", partial(check_step, case)
-    )
-    card.run("an NLL step raises the response's likelihood", "increases", partial(check_likelihood, case))
-    card.run("the reference policy does not train", "<= 1e-05", partial(check_reference, case))
-    card.run(
-        "checkpoint load is bit-exact; resumed steps equal uninterrupted ones", "exactly 0", partial(check_resume, case)
-    )
-    card.run(
-        "export_hf round-trips (weights and logprobs)", "weights 0, logprobs <= 1e-05", partial(check_export, case)
-    )
 
 
 def check_protocol(case: BackendCase) -> Outcome:
@@ -220,6 +231,22 @@ def check_export(case: BackendCase) -> Outcome:
     d = max_diff(common(case.weights(), exported), exported)
     g = gap(hf_logprobs(case.work / "hf", case.nll), case.backend.logprobs(case.nll), case.nll["loss_mask"])
     return d == 0.0 and g <= 1e-5, f"weights {fmt(d)}, logprobs {fmt(g)}"
+
+
+#: the checks on one backend, in the order they run (each after the state the ones before leave).
+SINGLE_BACKEND_CHECKS: tuple[tuple[str, str, Callable[[BackendCase], Outcome]], ...] = (
+    ("implements the protocol", "TrainingBackend", check_protocol),
+    ("logprobs vs a plain HF forward", "<= 1e-05", check_parity),
+    ("logprobs are 0 on padding and at position 0", "exactly 0", check_padding),
+    ("reference logprobs equal the policy's before training", "<= 1e-05", check_reference),
+    ("weights_for_refit equals the model's parameters", "exactly equal", check_refit_weights),
+    ("a step changes the weights and reports a finite loss", "moved > 0, loss finite", check_step),
+    ("an NLL step raises the response's likelihood", "increases", check_likelihood),
+    ("the reference policy does not train", "<= 1e-05", check_reference),
+    ("checkpoint load is bit-exact; resumed steps equal uninterrupted ones", "exactly 0", check_resume),
+    ("export_hf round-trips (weights and logprobs)", "weights 0, logprobs <= 1e-05", check_export),
+)
+CLIPPING = "gradient clipping follows policy.max_grad_norm"
 
 
 def check_invariance(grads: Gradients, overrides: Sequence[str]) -> Outcome:
