@@ -159,7 +159,15 @@ def test_ppo_recipe_learns_with_its_critic_and_resumes_both(lora_recipe_run: tup
 
 #: the SIGKILL test trains LoRA adapters (the asynchronous GRPO test's SIGKILL trains all weights): their checkpoint
 #: (adapters and their optimizer state) and adapter-only refits must bring a killed run back exactly
-LORA_GRPO = [*SHORT_GRPO, "policy.lora.enabled=true", "policy.optimizer.lr=3e-3"]
+LORA_GRPO = [
+    *SHORT_GRPO,
+    "policy.lora.enabled=true",
+    "policy.optimizer.lr=3e-3",
+    # killed at step 2 of 4, a checkpoint every step: step 1 is resumed, steps 2-4 rerun (validated at 2 and 4)
+    "grpo.max_num_steps=4",
+    "grpo.val_period=2",
+    "checkpointing.save_period=1",
+]
 
 
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path):
@@ -175,10 +183,10 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path
     caught_mid_write = False
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
-        if list(ckpts.glob(".tmp-step_000004-*")):
+        if list(ckpts.glob(".tmp-step_000002-*")):
             caught_mid_write = True
             break
-        if (ckpts / "step_000004").is_dir():
+        if (ckpts / "step_000002").is_dir():
             break
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before it could be killed"
@@ -186,24 +194,26 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path
     assert not left, f"processes of the killed run still alive 30 s later: {left}"
     complete = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_"))
     if caught_mid_write:
-        assert complete == ["step_000002"], complete  # the half-written step 4 is not a checkpoint
-    corrupted = "step_000004" in complete
+        assert complete == ["step_000001"], complete  # the half-written step 2 is not a checkpoint
+    corrupted = "step_000002" in complete
     if corrupted:  # a truncated shard: the checkpoint does not match its manifest
-        shard = next((ckpts / "step_000004" / "policy").glob("*.distcp"))
+        shard = next((ckpts / "step_000002" / "policy").glob("*.distcp"))
         shard.write_bytes(shard.read_bytes()[:-64])
 
     out = " ".join(finish(start(run, *LORA_GRPO)).split())
-    assert "resuming from" in out and "step_000002 (step 2)" in out, out[-2000:]
+    assert "resuming from" in out and "step_000001 (step 1)" in out, out[-2000:]
     if corrupted:
-        assert f"checkpoint step_000004 skipped: policy/{shard.name} has" in out, out[-2000:]
+        assert f"checkpoint step_000002 skipped: policy/{shard.name} has" in out, out[-2000:]
     assert not list(ckpts.glob(".tmp-*"))
     logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert logged == list(range(7)), f"each step once: {logged}"
+    assert logged == list(range(5)), f"each step once: {logged}"
     expected, got = metrics(reference), metrics(run)
+    assert all("val/reward" in expected[s] for s in (0, 2, 4)) and all("train/loss" in expected[s] for s in (1, 4))
     for step in expected:
-        for key in COMPARED:
-            if key in expected[step]:
-                assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
+        keys = [k for k in COMPARED if k in expected[step]]
+        assert keys == [k for k in COMPARED if k in got[step]], (step, "the resumed run logs the same metrics")
+        for key in keys:
+            assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
 def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: Path):
