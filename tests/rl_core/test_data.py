@@ -3,6 +3,7 @@ nested columns (verl's row shape), bad rows named by file and line, chat-message
 tokenizer's template token for token, and a model ID resolved from the local Hugging Face cache offline."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,12 @@ def test_a_bad_row_names_the_file_and_its_line_and_a_missing_path_the_rule(tmp_p
         load_split(DataConfig(train_path=str(bad)), "train")
     with pytest.raises(ConfigError, match=r"no file or folder at /.*/missing.parquet \(a path in a config file is"):
         load_split(DataConfig(train_path="missing.parquet"), "train")
+    begun = time.monotonic()
     with pytest.raises(
         ConfigError, match=r"'someone/nothing' is neither a file or folder .* nor a dataset in the local"
     ):
         load_split(DataConfig(train_path="someone/nothing"), "train")
+    assert time.monotonic() - begun < 5, "offline: no wait on the network (it took ~25 s)"
     load_split(DataConfig(train_path=str(write_formats(tmp_path)["parquet"])), "train")
     assert "Generating" not in capfd.readouterr().err, "no progress bars on the terminal"
 

@@ -9,7 +9,6 @@ Paths: one in a config file is relative to that file, one on the command line to
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -178,16 +177,19 @@ def _rows_of_hub_cache(name: str, split: str | None, key: str) -> list[Example]:
     """A dataset by Hugging Face name, from the local cache only (nothing is downloaded)."""
 
     def load(ds: Any) -> Any:
-        old = {v: os.environ.get(v) for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
-        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+        import huggingface_hub.constants as hub
+
+        # the libraries read HF_HUB_OFFLINE from the environment once, at import: set on their modules (else a
+        # name not in the cache waits ~25 s on an unreachable network before failing)
+        switches = [(m, "HF_HUB_OFFLINE") for m in (hub, ds.config)] + [(ds.config, "HF_DATASETS_OFFLINE")]
+        saved = [getattr(m, n) for m, n in switches]
+        for m, n in switches:
+            setattr(m, n, True)
         try:
             return _pick(ds.load_dataset(name), split, name)
         finally:
-            for var, value in old.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
+            for (m, n), value in zip(switches, saved, strict=True):
+                setattr(m, n, value)
 
     looks_like_name = "/" in name and not name.startswith((".", "/")) and name.count("/") == 1
     if not looks_like_name:
