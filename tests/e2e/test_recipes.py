@@ -94,3 +94,31 @@ def check_run_folder_truths(recipe: Path, overrides: list[str], run: Path, rl_re
     out = " ".join(capsys.readouterr().out.split())
     assert "no checkpoint in" in out and "is whole (2 skipped): training starts again from step 0" in out, out
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
+
+#: the loss family's settings that go together, all at once (GSPO-token's ratio, CISPO's objective, an IcePop mask,
+#: Dr. GRPO's constant normaliser, REINFORCE++'s raw rewards, batch whitening and KL in the reward)
+LOSS_VARIANTS = [
+    "loss_fn.importance_ratio=sequence_token",
+    "loss_fn.policy_objective=cispo",
+    "loss_fn.mismatch_mask=token",
+    "loss_fn.mismatch_mask_low=0.5",
+    "loss_fn.constant_normalizer=4",
+    "grpo.group_baseline=false",
+    "grpo.normalize_rewards=false",
+    "grpo.batch_normalize_advantages=true",
+    "grpo.reward_kl_penalty=0.01",
+]
+
+
+def test_grpo_with_the_loss_variants_certifies_as_an_algorithm(ray_session, rl_registry, tmp_path: Path):
+    """``rl-core certify`` of GRPO under the new settings: finite metrics every step (the mask's fraction among
+    them), a checkpoint each, and a resume from step 1 to the same step 2."""
+    from rl_core.certify import certify_algorithm
+    from rl_core.plugins.specs import AlgorithmSpec
+
+    overrides = [*LOSS_VARIANTS, "policy.generation.backend=hf", *SHORT["grpo"], "logger.progress=false"]
+    card = certify_algorithm(rl_registry.get(AlgorithmSpec, "grpo"), rl_registry, tmp_path, overrides=overrides)
+    assert card.passed, [(r.check, r.measured, r.detail) for r in card.results if not r.passed]
+    rows = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert all("train/mismatch_masked_fraction" in r for r in rows[1:]), rows[1]

@@ -10,6 +10,7 @@ from rl_core.training.advantages import (
     gae,
     group_advantages,
     kl_penalized_rewards,
+    kl_to_go,
     last_position,
     masked_whiten,
     overlong_penalty,
@@ -142,3 +143,20 @@ def test_last_position_marks_each_rows_last_action():
     mask = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.float32)
     expected = torch.tensor([[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.float32)
     assert torch.equal(last_position(mask), expected)
+
+
+def test_reinforce_plus_plus_kl_return_sums_each_tokens_kl_from_it_on():
+    # REINFORCE++ (Hu 2025): r_t = -beta * KL_t per token (the task reward at the end), undiscounted returns:
+    # K_t = sum_{s >= t} m_s (logp_s - logp_ref_s). logp - ref = [0.1, 0.2, 0.3], mask [1, 1, 0] -> [0.3, 0.2, 0]
+    logp = torch.tensor([[-1.0, -2.0, -3.0]])
+    ref = logp - torch.tensor([[0.1, 0.2, 0.3]])
+    out = kl_to_go(logp, ref, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert out[0].tolist() == pytest.approx([0.3, 0.2, 0.0])
+
+
+def test_raw_rewards_leave_no_group_baseline_to_normalise():
+    from rl_core.algorithms.grpo import GRPOConfig
+
+    assert GRPOConfig(group_baseline=False, normalize_rewards=False).group_baseline is False
+    with pytest.raises(ValueError, match="grpo.group_baseline=false uses the raw rewards"):
+        GRPOConfig(group_baseline=False)

@@ -14,6 +14,10 @@ def test_config_reference_is_current():
     assert out.returncode == 0, out.stderr
     committed = (ROOT / "docs" / "config-reference.md").read_text()
     assert out.stdout == committed, "regenerate it: rl-core config-reference -o docs/config-reference.md"
+    # a user reads the reference to learn what a key does: none without a description (a #: comment above it)
+    rows = [line.split(" | ") for line in committed.splitlines() if line.startswith("| `")]
+    bare = [row[0].strip("| `") for row in rows if not row[3].strip(" |")]
+    assert len(rows) > 200 and not bare, f"keys without a description: {bare}"
 
 
 def _yaml_value(default: str) -> str | None:

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.training.losses import BradleyTerryLoss, ClippedPGLoss, DPOLoss, NLLLoss, ValueLoss, kl_estimate
 
@@ -284,3 +285,136 @@ def test_value_loss_clips_the_step_from_the_old_values():
     assert metrics["value"].item() == pytest.approx(0.75)
     unclipped, _ = ValueLoss(clip=None)(batch, values.detach(), 2.0)
     assert unclipped.item() == pytest.approx(0.5 * (1.0 + 0.25) / 2)
+
+
+def seq_batch(log_ratios, advantages, **cfg):
+    """Two-row batches whose rows may differ in length (``None`` pads): logprobs with gradients, prev = 0."""
+    width = max(len(r) for r in log_ratios)
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in log_ratios])
+    pad = [list(r) + [0.0] * (width - len(r)) for r in log_ratios]
+    adv = [list(a) + [0.0] * (width - len(a)) for a in advantages]
+    logprobs = torch.tensor(pad, dtype=torch.float64, requires_grad=True)
+    batch = {
+        "input_ids": torch.zeros(mask.shape, dtype=torch.long),
+        "attention_mask": torch.ones(mask.shape, dtype=torch.long),
+        "loss_mask": mask,
+        "advantages": torch.tensor(adv, dtype=torch.float64),
+        "prev_logprobs": torch.zeros(mask.shape, dtype=torch.float64),
+    }
+    loss_fn = ClippedPGLoss(cfg=LossConfig(**cfg))
+    loss, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))
+    loss.backward()
+    return float(loss.detach()), metrics, logprobs.grad
+
+
+def test_gspo_clips_the_sequence_ratio_the_geometric_mean_of_its_tokens():
+    # GSPO (Zheng et al. 2025): s_i = exp(mean_t log(pi/pi_old)); l_i = max(-A s_i, -A clip(s_i, 0.8, 1.2)),
+    # averaged per sequence, then over sequences.
+    # row 0: log-ratios [ln 2, 0] -> s = sqrt(2) = 1.4142 > 1.2, A = +1: clipped, -1.2 on each token, no gradient
+    # row 1: log-ratios [ln 1.1, 0] -> s = sqrt(1.1) = 1.0488, A = [1, 3]: -A_t s per token, row mean -2 s
+    # loss = (-1.2 + -2 s) / 2; d loss / d logp_t of row 1 = (1/2) * (-2 s) * ds/dlogp_t / s = (1/2)(-2 s)(1/2) = -s/2
+    s = math.sqrt(1.1)
+    loss, metrics, grad = seq_batch(
+        [[math.log(2), 0.0], [math.log(1.1), 0.0]],
+        [[1.0, 1.0], [1.0, 3.0]],
+        importance_ratio="sequence",
+        token_level_loss=False,
+    )
+    assert loss == pytest.approx((-1.2 - 2 * s) / 2)
+    assert grad.tolist()[0] == [0.0, 0.0]
+    assert grad.tolist()[1] == pytest.approx([-s / 2, -s / 2])
+    assert float(metrics["ratio"]) == pytest.approx((math.sqrt(2) + s) / 2)
+    assert float(metrics["clip_fraction"]) == pytest.approx(1 / 2)
+
+
+def test_gspo_token_has_the_sequence_ratio_with_each_tokens_own_gradient():
+    # GSPO-token: s_it = sg(s_i) pi_t / sg(pi_t): the value of s_i, d s_it / d logp_t = s_i.
+    # row 1 as above: l = mean_t(-A_t s_it) -> d/dlogp_0 = (1/2)(1/2)(-1 s), d/dlogp_1 = (1/2)(1/2)(-3 s)
+    # (GSPO gives both tokens -s/2: with equal advantages along a sequence the two agree)
+    s = math.sqrt(1.1)
+    loss, _, grad = seq_batch(
+        [[math.log(2), 0.0], [math.log(1.1), 0.0]],
+        [[1.0, 1.0], [1.0, 3.0]],
+        importance_ratio="sequence_token",
+        token_level_loss=False,
+    )
+    assert loss == pytest.approx((-1.2 - 2 * s) / 2)
+    assert grad.tolist()[0] == [0.0, 0.0]
+    assert grad.tolist()[1] == pytest.approx([-s / 4, -3 * s / 4])
+
+
+def test_cispo_keeps_every_tokens_gradient_weighted_by_its_clipped_ratio():
+    # CISPO (MiniMax-M1): l_t = -A_t sg(clip(r_t, 1 - 0.2, 1 + 0.28)) log pi_t, token mean over 3 tokens.
+    # r = [0.5, 1.5, 1.1] -> w = [0.8, 1.28, 1.1]; A = [1, 1, -1]; log pi = ln r (prev = 0)
+    # loss = (-0.8 ln 0.5 - 1.28 ln 1.5 + 1.1 ln 1.1) / 3; gradient -A_t w_t / 3 on every token: token 1 (r above
+    # the clip, A > 0) keeps -1.28/3, where PPO's clip gives it none; token 2's weight has no gradient of its own
+    logs = [[math.log(0.5), math.log(1.5), math.log(1.1)]]
+    loss, metrics, grad = seq_batch(
+        logs, [[1.0, 1.0, -1.0]], policy_objective="cispo", ratio_clip_min=0.2, ratio_clip_max=0.28
+    )
+    assert loss == pytest.approx((-0.8 * math.log(0.5) - 1.28 * math.log(1.5) + 1.1 * math.log(1.1)) / 3)
+    assert grad.tolist()[0] == pytest.approx([-0.8 / 3, -1.28 / 3, 1.1 / 3])
+    assert float(metrics["clip_fraction"]) == pytest.approx(2 / 3)
+    _, _, ppo = seq_batch(logs, [[1.0, 1.0, -1.0]], ratio_clip_max=0.28)
+    assert ppo.tolist()[0][1] == 0.0
+
+
+def test_dr_grpo_divides_every_sequences_token_sum_by_one_constant():
+    # Dr. GRPO (Liu et al. 2025): loss = sum_{i,t} l_it / (N_sequences * C). Ratios 1, so l = -A per token:
+    # row 0: one token, A = 2; row 1: three tokens, A = 1 -> sum = -2 - 3 = -5.
+    # C = 4: -5 / (2 * 4) = -0.625; token mean: -5 / 4; sequence mean: (-2 + -1) / 2
+    rows, adv = [[0.0], [0.0, 0.0, 0.0]], [[2.0], [1.0, 1.0, 1.0]]
+    assert seq_batch(rows, adv, constant_normalizer=4.0)[0] == pytest.approx(-0.625)
+    assert seq_batch(rows, adv)[0] == pytest.approx(-1.25)
+    assert seq_batch(rows, adv, token_level_loss=False)[0] == pytest.approx(-1.5)
+    # each token's gradient is -A / (N * C) whatever its sequence's length (the token mean gives -A / 4)
+    assert seq_batch(rows, adv, constant_normalizer=4.0)[2].flatten().tolist() == pytest.approx(
+        [-0.25, 0, 0, *[-0.125] * 3]
+    )
+
+
+def test_mismatch_masks_drop_tokens_or_sequences_outside_their_bounds_and_say_how_many():
+    # q = exp(logp_prev - logp_gen), prev = 0, ratios 1 (l = -A = -1 per token), the normaliser counts every token.
+    # token mask, q = [1, 3, 0.25]: two-sided [0.5, 2] (IcePop) keeps token 0 -> -1/3, masked 2/3;
+    # one-sided (high 2) keeps tokens 0 and 2 -> -2/3, masked 1/3
+    gen = torch.tensor([[0.0, -math.log(3), math.log(4)]], dtype=torch.float64)
+
+    def run(**cfg):
+        batch, logprobs = pg_batch([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], generation_logprobs=gen)
+        loss_fn = ClippedPGLoss(cfg=LossConfig(**cfg))
+        loss, metrics = loss_fn(batch, logprobs, loss_fn.count(batch))
+        return float(loss), float(metrics["mismatch_masked_fraction"])
+
+    assert run(mismatch_mask="token", mismatch_mask_low=0.5, mismatch_mask_high=2.0) == pytest.approx((-1 / 3, 2 / 3))
+    assert run(mismatch_mask="token", mismatch_mask_high=2.0) == pytest.approx((-2 / 3, 1 / 3))
+    # sequence mask (high 1.5), geometric mean: log q = [ln 1.2, -ln 1.2] -> q = 1 (kept); [ln 4, ln 1.21] -> q =
+    # sqrt(4 * 1.21) = 2.2 (dropped, its second token too): loss -2 / 4, half the tokens masked (a token mask would
+    # keep that second token: -3 / 4)
+    batch = {
+        "input_ids": torch.zeros(2, 2, dtype=torch.long),
+        "attention_mask": torch.ones(2, 2, dtype=torch.long),
+        "loss_mask": torch.ones(2, 2),
+        "advantages": torch.ones(2, 2, dtype=torch.float64),
+        "prev_logprobs": torch.zeros(2, 2, dtype=torch.float64),
+        "generation_logprobs": -torch.tensor([[math.log(1.2), -math.log(1.2)], [math.log(4), math.log(1.21)]]).double(),
+    }
+    loss_fn = ClippedPGLoss(cfg=LossConfig(mismatch_mask="sequence", mismatch_mask_high=1.5))
+    loss, metrics = loss_fn(batch, torch.zeros(2, 2, dtype=torch.float64), loss_fn.count(batch))
+    assert float(loss) == pytest.approx(-2 / 4) and float(metrics["mismatch_masked_fraction"]) == pytest.approx(1 / 2)
+    without = {k: v for k, v in batch.items() if k != "generation_logprobs"}
+    with pytest.raises(InputError, match="loss_fn.mismatch_mask compares with the engine's logprobs"):
+        loss_fn(without, torch.zeros(2, 2, dtype=torch.float64), 4.0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"constant_normalizer": 4.0, "token_level_loss": False}, "constant_normalizer replaces"),
+        ({"policy_objective": "cispo", "disable_ppo_ratio": True}, "drop disable_ppo_ratio"),
+        ({"mismatch_mask": "token", "mismatch_mask_high": None}, "needs mismatch_mask_low or mismatch_mask_high"),
+        ({"mismatch_mask_low": 2.0, "mismatch_mask_high": 2.0}, "must be below mismatch_mask_high"),
+    ],
+)
+def test_loss_settings_that_contradict_each_other_are_named(settings, message):
+    with pytest.raises(ValueError, match=message):
+        LossConfig(**settings)

@@ -9,6 +9,7 @@ import attrs
 class DTensorConfig:
     """``policy.dtensor_cfg``: the FSDP2 (DTensor) training backend."""
 
+    #: offer this backend for selection (by priority, or by ``policy.backend``).
     enabled: bool = True
     #: recompute activations in the backward pass (less memory, more compute).
     activation_checkpointing: bool = False
@@ -31,6 +32,7 @@ class DTensorConfig:
     #: micro-batches by token budget instead of a fixed row count: rows longest first, each micro-batch trimmed to
     #: its longest row, so little padding is computed where lengths vary (the same results up to float rounding).
     dynamic_batching: bool = False
+    #: with ``dynamic_batching``: the token budget of one micro-batch (rows packed up to it).
     max_tokens_per_microbatch: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
     #: FSDP2 CPU offload of parameters, gradients and optimizer state (useful on GPU).
     cpu_offload: bool = False

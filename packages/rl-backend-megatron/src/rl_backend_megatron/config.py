@@ -23,8 +23,11 @@ class MegatronConfig:
         "scheduler": "every backend reads policy.scheduler (name, warmup_steps, total_steps, min_lr_ratio); set it there",
     }
 
+    #: offer this backend for selection (it takes priority over DTensor when both are enabled).
     enabled: bool = False
+    #: ranks each layer's weights are split over (tensor parallelism).
     tensor_model_parallel_size: int = attrs.field(default=1, validator=_pos)
+    #: stages the layers are split over (pipeline parallelism).
     pipeline_model_parallel_size: int = attrs.field(default=1, validator=_pos)
     #: redo the one-time Hugging Face -> Megatron conversion even if a finished one exists.
     force_reconvert_from_hf: bool = False

@@ -33,15 +33,21 @@ class RemoteConfig:
 
     #: one server, or ``urls`` for several.
     url: str | None = None
+    #: more reward servers (besides ``url``), requests spread over them; a retry moves to the next.
     urls: tuple[str, ...] = ()
+    #: the server's scorer to ask (``GET /v1/scorers`` lists them).
     scorer: str = "math_verify"
     #: samples per HTTP request.
     batch_size: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     #: requests under way at once (each holds one connection); the others wait their turn.
     max_in_flight: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    #: seconds one request may take before it is retried.
     timeout_s: float = 60.0
+    #: retries of a failed or timed-out request before the step fails.
     max_retries: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    #: the first retry's wait, doubled each retry (with jitter).
     backoff_s: float = 0.1
+    #: the longest wait between retries.
     max_backoff_s: float = 5.0
     #: environment variable holding the bearer token, if the server wants one.
     token_env: str = "RL_REWARD_SERVER_TOKEN"

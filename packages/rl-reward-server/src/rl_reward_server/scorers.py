@@ -15,6 +15,7 @@ from rl_core.api import InputError, check_reward_inputs
 
 @attrs.frozen(kw_only=True)
 class MathVerifyConfig:
+    #: the data row's field holding the reference answer.
     answer_key: str = "answer"
     #: seconds allowed per parse/verify (enforced only on the main thread: math-verify uses signals).
     timeout_seconds: int = 5
@@ -51,7 +52,10 @@ class MathVerifyScorer:
 class RewardModelConfig:
     #: a local folder holding an AutoModelForSequenceClassification checkpoint with one output.
     path: str
+    #: samples per forward pass of the reward model.
     inference_micro_batch_size: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    #: tokens of prompt + response the reward model reads (longer inputs are truncated on the tokenizer's
+    #: truncation side, usually the end).
     max_length: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     #: text between prompt and response when they are joined for the model.
     separator: str = ""

@@ -9,6 +9,7 @@ import attrs
 class HfGenerateConfig:
     """``policy.generation.hf_cfg``: rollouts on Hugging Face ``generate`` (priority 50, below vLLM's 100)."""
 
+    #: offer this engine for selection (below vLLM's priority).
     enabled: bool = True
     #: sequences (prompt x sample) per ``generate`` call; a replica's prompts are sorted by length and cut into
     #: buckets of this many, so that little padding is decoded.

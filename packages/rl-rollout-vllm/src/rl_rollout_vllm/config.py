@@ -9,7 +9,9 @@ import attrs
 class VllmConfig:
     """``policy.generation.vllm_cfg``: the vLLM rollout engine."""
 
+    #: offer this engine for selection (the default engine where it is installed).
     enabled: bool = True
+    #: devices each engine replica spans (tensor parallelism).
     tensor_parallel_size: int = attrs.field(default=1, validator=attrs.validators.gt(0))
     #: fraction of GPU memory vLLM may take (GPU only).
     gpu_memory_utilization: float = 0.5

@@ -27,6 +27,8 @@ class DistillConfig(RolloutLoopConfig):
     """``distill``: the shared rollout-loop knobs and the weight of the task reward's advantage (0: the teacher's
     signal alone)."""
 
+    #: weight of the group-relative task-reward advantage added to the teacher's per-token signal (0: the teacher
+    #: alone).
     task_reward_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
 
 

@@ -18,9 +18,13 @@ from rl_core.training.supervised import SupervisedLoopConfig, encode_pairs, run_
 
 @attrs.frozen(kw_only=True)
 class DPOConfig(SupervisedLoopConfig):
+    #: DPO's beta: how far from the reference the implicit reward lets the policy move (larger: closer).
     beta: float = attrs.field(default=0.1, validator=attrs.validators.gt(0.0))
+    #: no reference policy (its log-probabilities taken as 0).
     reference_free: bool = False
+    #: weight of an NLL term on the chosen response, added to the DPO loss.
     sft_loss_weight: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    #: a sequence's log-probability as the mean over its tokens instead of the sum.
     average_log_probs: bool = False
 
 

@@ -59,13 +59,33 @@ _pos = attrs.validators.gt(0)
 class GRPOConfig(RolloutLoopConfig):
     """``grpo``: the shared rollout-loop knobs, group normalisation and DAPO's options."""
 
+    #: subtract the group's baseline from each reward (its mean, or leave-one-out); ``false``: the raw reward
+    #: (REINFORCE++ without a baseline, normally with ``batch_normalize_advantages``).
+    group_baseline: bool = True
+    #: divide each group's advantages by the standard deviation of its rewards (GRPO); ``false`` for Dr. GRPO,
+    #: whose authors found the division favours easy and hard prompts over the rest.
     normalize_rewards: bool = True
+    #: the baseline of sample ``i`` is the mean of the group's other rewards (RLOO) instead of the whole group's.
     use_leave_one_out_baseline: bool = False
+    #: REINFORCE++: whiten the advantages over every loss token of the step's batch (minus the mean, over the
+    #: standard deviation), after the group baseline if any.
+    batch_normalize_advantages: bool = False
+    #: REINFORCE++'s token-level KL in the reward: each token's advantage minus this times the sum of
+    #: ``log pi - log pi_ref`` over the sequence's tokens from it on (its KL return); 0: off. Costs a logprob pass
+    #: of the policy and of the reference before training.
+    reward_kl_penalty: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    #: DAPO: drop prompt groups whose rewards are all equal (no signal) and draw more prompts.
     dynamic_sampling: bool = False
+    #: with ``dynamic_sampling``: at most this many draws of prompts per step; a step still short trains on what
+    #: it has.
     dynamic_sampling_max_gen_batches: int = attrs.field(default=4, validator=_pos)
+    #: DAPO: responses cut at ``policy.generation.max_new_tokens`` drop out of the loss.
     overlong_filtering: bool = False
+    #: DAPO: a penalty growing linearly over the last ``overlong_buffer_length`` tokens before the limit.
     overlong_reward_shaping: bool = False
+    #: the tokens before ``max_new_tokens`` over which the overlong penalty grows from 0.
     overlong_buffer_length: int = attrs.field(default=16, validator=_pos)
+    #: the overlong penalty at the limit (subtracted from the reward).
     overlong_penalty: float = 1.0
     #: ``sync`` (generate, then train), ``one_step`` (generate step t+1's batch while step t trains) or ``bounded``
     #: (generation up to ``max_staleness`` steps ahead of training).
@@ -76,6 +96,13 @@ class GRPOConfig(RolloutLoopConfig):
     off_policy_correction: bool = True
     #: the truncation of that importance weight (when ``loss_fn.truncated_importance_sampling_ratio`` is unset).
     importance_sampling_cap: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.group_baseline and (self.normalize_rewards or self.use_leave_one_out_baseline):
+            raise ValueError(
+                "grpo.group_baseline=false uses the raw rewards: set grpo.normalize_rewards=false and "
+                "grpo.use_leave_one_out_baseline=false too (they act on the group's baseline)"
+            )
 
     @property
     def ahead(self) -> int:
@@ -174,9 +201,12 @@ def train_on(
         )
     truncated = torch.tensor([r.finish_reason == "length" for r in scored.rollouts]).view(P, G)
     valid = ~truncated if cfg.overlong_filtering else torch.ones_like(truncated)
-    advantages = adv.group_advantages(
-        rewards, valid, leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
-    )  # [P, G]
+    if cfg.group_baseline:
+        advantages = adv.group_advantages(
+            rewards, valid, leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
+        )  # [P, G]
+    else:
+        advantages = rewards * valid
 
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
@@ -187,16 +217,21 @@ def train_on(
     # with one update the training forward reports the mismatch; with several only its first update is on-policy
     check = on_policy and several_updates and (need_prev or mismatch_due(ctx, step))
     health: dict[str, float] = {}
-    if need_prev or check:
+    if need_prev or check or cfg.reward_kl_penalty > 0:
         with phases("logprobs"):
             current = ctx.backend.logprobs(batch)
-        if on_policy:
+        if on_policy and (need_prev or check):
             health = logprob_mismatch(ctx, batch["generation_logprobs"], current, batch["loss_mask"])
         if need_prev:
             batch["prev_logprobs"] = current
-    if lcfg.reference_policy_kl_penalty > 0:
+    if lcfg.reference_policy_kl_penalty > 0 or cfg.reward_kl_penalty > 0:
         with phases("reference_logprobs"):
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
+    if cfg.reward_kl_penalty > 0:
+        to_go = adv.kl_to_go(current, batch["reference_logprobs"], batch["loss_mask"])  # [B, T]
+        batch["advantages"] = batch["advantages"] - cfg.reward_kl_penalty * to_go
+    if cfg.batch_normalize_advantages:
+        batch["advantages"] = adv.masked_whiten(batch["advantages"], batch["loss_mask"] * batch["sample_mask"][:, None])
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
     drift = engine_drift(train_metrics)

@@ -65,8 +65,11 @@ class CriticConfig:
 class PPOConfig(RolloutLoopConfig):
     """``ppo``: the shared rollout-loop knobs, GAE's discount and lambda, whitening, the KL shaping and the critic."""
 
+    #: responses sampled per prompt (PPO's critic is its baseline: one is enough).
     num_generations_per_prompt: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    #: GAE's discount per token (1: none; the reward comes at the end).
     gamma: float = attrs.field(default=1.0, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
+    #: GAE's lambda: 1 uses the whole return (less bias from a new critic), lower leans on the critic's values.
     lam: float = attrs.field(default=0.95, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
     #: normalise the batch's token advantages to mean 0, standard deviation 1 before the policy's update.
     whiten_advantages: bool = True

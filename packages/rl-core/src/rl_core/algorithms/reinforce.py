@@ -35,7 +35,9 @@ class ReinforceConfig(RolloutLoopConfig):
     """``reinforce``: the shared rollout-loop knobs (NeMo-Aligner's names as aliases) and the KL penalty to the
     initial policy folded into the reward."""
 
+    #: responses sampled per prompt (the leave-one-out baseline's group).
     num_generations_per_prompt: int = attrs.field(default=4, validator=attrs.validators.ge(2))
+    #: weight of the sequence's KL to the initial policy, subtracted from its reward.
     initial_policy_kl_penalty: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
 
 

@@ -16,6 +16,7 @@ from rl_core.training.supervised import SupervisedLoopConfig, encode_sft, run_su
 
 @attrs.frozen(kw_only=True)
 class SFTConfig(SupervisedLoopConfig):
+    #: the field of a data row holding the target response (the loss is on its tokens).
     response_key: str = "response"
 
 

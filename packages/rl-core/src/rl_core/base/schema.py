@@ -33,10 +33,15 @@ _nonneg_float = attrs.validators.ge(0.0)
 class OptimizerConfig:
     """AdamW by default; every training backend reads it (with ``policy.scheduler`` and ``policy.max_grad_norm``)."""
 
+    #: ``adamw`` or plain ``sgd`` (momentum 0; certify uses it to read a step's gradient).
     name: Literal["adamw", "sgd"] = "adamw"
+    #: the learning rate (the peak, with a schedule).
     lr: float = attrs.field(default=1e-5, validator=_pos_float)
+    #: decoupled weight decay (AdamW's; SGD's L2).
     weight_decay: float = attrs.field(default=0.0, validator=_nonneg_float)
+    #: AdamW's decay rates of the first and second moments.
     betas: tuple[float, float] = (0.9, 0.999)
+    #: AdamW's epsilon, added to the second moment's square root.
     eps: float = 1e-8
 
 
@@ -44,10 +49,13 @@ class OptimizerConfig:
 class SchedulerConfig:
     """Learning-rate schedule over optimizer steps: linear warm-up, then constant, cosine or linear decay."""
 
+    #: ``constant`` after the warm-up, or ``cosine`` / ``linear`` decay over ``total_steps``.
     name: Literal["constant", "cosine", "linear"] = "constant"
+    #: optimizer steps of linear warm-up from 0 to ``lr``.
     warmup_steps: int = attrs.field(default=0, validator=_nonneg)
     #: steps over which cosine/linear decay to ``min_lr_ratio * lr``; required for those schedules.
     total_steps: int | None = None
+    #: where cosine/linear decay ends, as a fraction of ``lr``.
     min_lr_ratio: float = attrs.field(default=0.0, validator=_nonneg_float)
 
     def __attrs_post_init__(self) -> None:
@@ -59,9 +67,13 @@ class SchedulerConfig:
 class GenerationConfig:
     """Sampling for rollouts. ``backend`` names a rollout engine; unset, the enabled one of highest priority."""
 
+    #: name of a rollout engine; overrides priority selection.
     backend: str | None = None
+    #: tokens a response may sample; a response cut there has finish reason ``length``.
     max_new_tokens: int = attrs.field(default=64, validator=_pos)
+    #: sampling temperature (0: greedy).
     temperature: float = attrs.field(default=1.0, validator=_nonneg_float)
+    #: nucleus sampling: sample from the smallest set of tokens whose probability reaches this (1: all).
     top_p: float = 1.0
     #: -1 for no top-k.
     top_k: int = -1
@@ -88,11 +100,13 @@ class LoraConfig:
     adapters' tensors at each refit (others the merged weights), and checkpoints hold the adapters and their
     optimizer state."""
 
+    #: train LoRA adapters instead of every weight.
     enabled: bool = False
     #: the adapters' rank r.
     rank: int = attrs.field(default=16, validator=_pos)
     #: the update is scaled by alpha / r.
     alpha: int = attrs.field(default=32, validator=_pos)
+    #: dropout on the adapters' input during training.
     dropout: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
     #: module names (suffixes, as ``peft`` matches them) to adapt; ``[all-linear]``: every linear layer but the
     #: output layer.
@@ -156,6 +170,7 @@ class PolicyConfig:
 class ClusterConfig:
     """Ray. ``address`` (or ``RAY_ADDRESS``) joins an existing cluster; unset, a local one is started."""
 
+    #: a Ray cluster to join (``HOST:PORT`` or ``auto``); unset: ``RAY_ADDRESS``, else a local Ray is started.
     address: str | None = None
     #: nodes the run expects; joining a cluster with fewer live nodes is an error.
     num_nodes: int = attrs.field(default=1, validator=_pos)
@@ -186,6 +201,7 @@ class DataConfig:
     val_path: str | None = None
     #: the split to read when the source has several; unset: ``train``, or the only one.
     train_split: str | None = None
+    #: the same for ``val_path`` (unset: ``train``, or the only one).
     val_split: str | None = None
     #: fields filled from (nested) keys of each row, e.g. ``{answer: reward_model.ground_truth}`` for verl's rows.
     columns: dict[str, str] = attrs.Factory(dict)
@@ -203,6 +219,7 @@ class DataConfig:
     )
     #: rows a built-in task generates for training / validation.
     num_train: int = attrs.field(default=2048, validator=_pos)
+    #: rows a built-in task generates for validation.
     num_val: int = attrs.field(default=64, validator=_pos)
     #: the field holding the prompt; the others are metadata for the rewards.
     prompt_key: str = "prompt"
@@ -222,6 +239,7 @@ class RewardSourceConfig:
 
 @attrs.frozen(kw_only=True)
 class RewardConfig:
+    #: the reward sources (``{name, weight, ...options}`` each); a sample's reward is their weighted sum.
     sources: tuple[RewardSourceConfig, ...] = ()
 
 
@@ -237,6 +255,7 @@ class EnvironmentConfig:
 
     #: a registered environment (``rl-core plugins`` lists them).
     name: str | None = None
+    #: model turns an episode may take; one that reaches it ends.
     max_turns: int = attrs.field(default=4, validator=_pos)
     #: model and environment tokens after the prompt, all turns together; an episode that reaches it ends.
     max_total_tokens: int = attrs.field(default=256, validator=_pos)
@@ -256,36 +275,89 @@ class EnvironmentConfig:
 
 @attrs.frozen(kw_only=True)
 class LossConfig:
-    """The clipped policy-gradient loss (GRPO, REINFORCE). Names follow NeMo RL."""
+    """The policy-gradient loss (GRPO, REINFORCE, PPO's policy): its objective, importance ratio, normaliser,
+    KL penalty and the corrections for the engine's logprobs. Names follow NeMo RL where it has them."""
 
+    #: PPO's lower clip: the ratio is clipped at ``1 - ratio_clip_min`` (CISPO: its weight's lower bound).
     ratio_clip_min: float = attrs.field(default=0.2, validator=_nonneg_float)
+    #: PPO's upper clip: the ratio is clipped at ``1 + ratio_clip_max`` (DAPO's clip-higher sets it above
+    #: ``ratio_clip_min``, e.g. 0.28; CISPO: its weight's upper bound).
     ratio_clip_max: float = attrs.field(default=0.2, validator=_nonneg_float)
     #: dual clip for negative advantages (> 1), off when None.
     ratio_clip_c: float | None = None
     #: plain REINFORCE: no ratio, no clipping (the gradient of ``-A * log pi``).
     disable_ppo_ratio: bool = False
+    #: ``clipped``: PPO's clipped surrogate; ``cispo`` (MiniMax-M1): each token's ``-A * w * log pi`` with ``w``
+    #: its ratio clipped to ``[1 - ratio_clip_min, 1 + ratio_clip_max]`` and no gradient through ``w``, so no
+    #: token loses its gradient to clipping.
+    policy_objective: Literal["clipped", "cispo"] = "clipped"
+    #: ``token``: each token's own ratio (PPO, GRPO); ``sequence`` (GSPO): one ratio per sequence, the geometric
+    #: mean of its token ratios ``exp(mean_t (log pi - log pi_old))``, clipped per sequence; ``sequence_token``
+    #: (GSPO-token): the sequence's ratio in value, each token's own log-probability gradient.
+    importance_ratio: Literal["token", "sequence", "sequence_token"] = "token"
+    #: weight of the KL penalty to the reference policy, added to each token's loss (0: off, and no reference
+    #: logprobs are computed).
     reference_policy_kl_penalty: float = attrs.field(default=0.0, validator=_nonneg_float)
+    #: the per-token KL estimator: ``k1`` (log-ratio), ``k2`` (half its square) or ``k3`` (Schulman's unbiased,
+    #: non-negative estimator).
     reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    #: the log-ratio to the reference is clamped to ``[-v, v]`` before the estimator (None: not clamped).
     kl_input_clamp_value: float | None = 20.0
+    #: the estimator's value is clamped to ``[-v, v]`` (None: not clamped).
     kl_output_clamp_value: float | None = 10.0
+    #: the KL term weighted by the (detached) ratio to the previous policy, for batches trained in several
+    #: optimizer steps.
     use_on_policy_kl_approximation: bool = False
+    #: weight each token by ``exp(log pi_old - log pi_engine)`` (no gradient): the trainer's previous policy
+    #: against the engine's logprobs of the same tokens (the training/inference mismatch, or an off-policy batch).
     use_importance_sampling_correction: bool = False
     #: truncation of the importance weight (TIS); None for no truncation.
     truncated_importance_sampling_ratio: float | None = None
+    #: masked importance sampling: tokens (``token``), or whole sequences by the geometric mean of their ratios
+    #: (``sequence``), whose trainer-vs-engine ratio ``exp(log pi_old - log pi_engine)`` falls outside
+    #: ``[mismatch_mask_low, mismatch_mask_high]`` drop out of the loss (the normaliser still counts them); with both
+    #: bounds set the mask is two-sided, as IcePop's. None: no mask. ``train/mismatch_masked_fraction`` says how
+    #: much was dropped.
+    mismatch_mask: Literal["token", "sequence"] | None = None
+    #: the mask's lower bound on the ratio (None: none).
+    mismatch_mask_low: float | None = attrs.field(default=None, validator=attrs.validators.optional(_pos_float))
+    #: the mask's upper bound on the ratio (None: none).
+    mismatch_mask_high: float | None = attrs.field(default=2.0, validator=attrs.validators.optional(_pos_float))
+    #: ``true``: the loss is the mean over every loss token of the batch (DAPO); ``false``: each sequence's mean
+    #: over its tokens, then the mean over sequences (GRPO's paper, GSPO).
     token_level_loss: bool = True
+    #: Dr. GRPO: the sum over every loss token divided by ``sequences x constant_normalizer`` (use the generation
+    #: budget, ``policy.generation.max_new_tokens``), so a sequence's weight does not shrink with its length; the
+    #: metrics (ratio, clip fraction, KL) are averaged the same way. None: ``token_level_loss`` decides.
+    constant_normalizer: float | None = attrs.field(default=None, validator=attrs.validators.optional(_pos_float))
 
     def __attrs_post_init__(self) -> None:
         if self.ratio_clip_c is not None and self.ratio_clip_c <= 1.0:
             raise ValueError(f"loss_fn.ratio_clip_c must be > 1 (got {self.ratio_clip_c}); set it to null to disable")
+        if self.constant_normalizer is not None and not self.token_level_loss:
+            raise ValueError(
+                "loss_fn.constant_normalizer replaces the per-sequence mean of token_level_loss=false; set one of them"
+            )
+        if self.policy_objective == "cispo" and self.disable_ppo_ratio:
+            raise ValueError("loss_fn.policy_objective=cispo weights each token by its ratio: drop disable_ppo_ratio")
+        low, high = self.mismatch_mask_low, self.mismatch_mask_high
+        if self.mismatch_mask is not None and low is None and high is None:
+            raise ValueError("loss_fn.mismatch_mask needs mismatch_mask_low or mismatch_mask_high (or both)")
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"loss_fn.mismatch_mask_low ({low}) must be below mismatch_mask_high ({high})")
 
 
 @attrs.frozen(kw_only=True)
 class CheckpointingConfig:
+    #: write checkpoints (false: none, and a killed run starts again).
     enabled: bool = True
+    #: a checkpoint every this many steps (and after the last).
     save_period: int = attrs.field(default=10, validator=_pos)
     #: keep the best ``keep_top_k`` checkpoints by ``metric_name`` (the latest one is always kept).
     keep_top_k: int | None = 3
+    #: the metric that ranks checkpoints for ``keep_top_k`` (None, or a checkpoint without it: by step).
     metric_name: str | None = "val/reward"
+    #: whether a higher ``metric_name`` is a better checkpoint.
     higher_is_better: bool = True
     #: write the final policy as a Hugging Face folder to ``RUN_DIR/final`` when the run ends (atomically).
     export_final_hf: bool = True
@@ -298,9 +370,13 @@ class CheckpointingConfig:
 class LoggerConfig:
     """JSONL metrics are always written; the others when enabled."""
 
+    #: write TensorBoard event files to ``RUN_DIR/tensorboard`` (needs ``tensorboard``).
     tensorboard_enabled: bool = False
+    #: log to Weights & Biases (needs ``wandb``; offline unless ``wandb_mode`` says otherwise).
     wandb_enabled: bool = False
+    #: log to MLflow (needs ``mlflow``; a SQLite store in the run folder unless ``mlflow_tracking_uri``).
     mlflow_enabled: bool = False
+    #: the Weights & Biases project.
     wandb_project: str = "rl-core"
     #: unset: ``WANDB_MODE`` if set, else ``offline`` (works without a network; ``wandb sync`` uploads later).
     wandb_mode: Literal["online", "offline", "disabled"] | None = None
@@ -384,10 +460,13 @@ class RolloutLoopConfig:
     num_prompts_per_step: int = attrs.field(default=8, validator=_pos)
     #: responses sampled per prompt (the group a baseline is formed over).
     num_generations_per_prompt: int = attrs.field(default=8, validator=attrs.validators.ge(2))
+    #: training steps of the run (a step: one batch of prompts, rollouts and updates).
     max_num_steps: int = attrs.field(default=20, validator=_pos)
     #: validate (greedy, held-out prompts) every this many steps, and after the last.
     val_period: int = attrs.field(default=5, validator=_pos)
+    #: validate before the first step too (step 0: where training starts from).
     val_at_start: bool = True
+    #: held-out prompts per validation (the first of the validation split).
     max_val_samples: int = attrs.field(default=64, validator=_pos)
     #: rollouts per reward request (NeMo-Aligner's name): each reward source scores the step's rollouts in
     #: requests of this many, sent concurrently; unset, one request for all. A reward model that splits a request

@@ -42,8 +42,8 @@ def _default(field: attrs.Attribute) -> str:
 def _comments(cls: type) -> dict[str, str]:
     """``#:`` comments above fields in the source of the class and of the classes it inherits fields from."""
     out: dict[str, str] = {}
-    for klass in reversed([k for k in cls.__mro__ if attrs.has(k)]):
-        out.update(_own_comments(klass))
+    for klass in reversed([k for k in cls.__mro__ if attrs.has(k)]):  # an override without one keeps the base's
+        out.update({key: text for key, text in _own_comments(klass).items() if text})
     return out
 
 

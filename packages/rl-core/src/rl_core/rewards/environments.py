@@ -33,6 +33,7 @@ def _field(row: Mapping[str, Any], key: str, env: str) -> Any:
 class CalculatorConfig:
     #: the row field holding the question, and the one holding the right answer.
     prompt_key: str = "prompt"
+    #: the data row's field holding the sum's right answer.
     answer_key: str = "answer"
 
 
@@ -72,6 +73,7 @@ def _evaluate(expression: str) -> int:
 
 @attrs.frozen(kw_only=True)
 class GuessNumberConfig:
+    #: the data row's field holding the number to guess.
     secret_key: str = "secret"
     #: the reward of a right guess at turn t (0-based) is decay ** t.
     decay: float = attrs.field(default=1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])

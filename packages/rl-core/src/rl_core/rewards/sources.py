@@ -36,6 +36,7 @@ def _answers(metadata: Sequence[Mapping[str, Any]], key: str) -> list[str]:
 
 @attrs.frozen(kw_only=True)
 class ExactMatchConfig:
+    #: the data row's field holding the reference answer.
     answer_key: str = "answer"
     #: compare after stripping white space.
     strip: bool = True
@@ -61,9 +62,11 @@ class ExactMatch:
 
 @attrs.frozen(kw_only=True)
 class NumberMatchConfig:
+    #: the data row's field holding the reference answer.
     answer_key: str = "answer"
     #: reward for a response that holds a number, but the wrong one (a format reward).
     format_reward: float = 0.0
+    #: largest |response's number - answer| that counts as right.
     tolerance: float = 1e-6
 
 
@@ -95,6 +98,7 @@ class NumberMatch:
 
 @attrs.frozen(kw_only=True)
 class RegexConfig:
+    #: a regular expression: reward 1 when it matches the response (``re.search``), else 0.
     pattern: str
     #: ``fullmatch`` the stripped response, or ``search`` anywhere in it.
     mode: str = attrs.field(default="fullmatch", validator=attrs.validators.in_(["fullmatch", "search"]))

@@ -54,6 +54,14 @@ def kl_penalized_rewards(
     return rewards - beta * ((logprobs - reference_logprobs) * mask).sum(1)
 
 
+def kl_to_go(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++'s token-level KL in the reward, as each token's return (no discount): ``K_t = sum_{s >= t}
+    m_s (logp_s - logp_ref_s)``, the k1 estimate summed over the sequence's loss tokens from ``t`` on;
+    ``[N, T] -> [N, T]``, 0 where ``mask`` is 0. A token's advantage is then its sequence's minus ``beta * K_t``."""
+    kl = (logprobs - reference_logprobs) * mask  # [N, T]
+    return kl.flip(1).cumsum(1).flip(1) * mask
+
+
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment for response ``lengths [N] -> [N]``:
     0 up to ``max_length - buffer``; then falling linearly to ``-penalty`` at ``max_length``; ``-penalty`` beyond."""

@@ -75,16 +75,23 @@ def _loss_mask(batch: Mapping[str, Any]) -> torch.Tensor:
 
 @attrs.frozen(kw_only=True)
 class ClippedPGLoss:
-    """The clipped policy-gradient loss of PPO/GRPO, with DAPO's asymmetric clip, dual clip, importance-sampling
-    correction and a KL penalty to the reference policy.
+    """The policy-gradient loss of PPO/GRPO and its variants: DAPO's asymmetric clip, dual clip, GSPO's sequence
+    ratio, CISPO, importance-sampling correction and masks against the engine's logprobs, a KL penalty to the
+    reference policy, and token, sequence or constant (Dr. GRPO) normalisation.
 
-    Per token, with ratio ``rho = exp(logp - logp_prev)``, advantage ``A``, ``eps_lo = ratio_clip_min``,
-    ``eps_hi = ratio_clip_max``::
+    Per token of sequence ``i``, with advantage ``A``, ``eps_lo = ratio_clip_min``, ``eps_hi = ratio_clip_max``,
+    ``m`` the loss mask, ``sg`` no gradient::
 
-        pg  = max(-A * rho, -A * clip(rho, 1 - eps_lo, 1 + eps_hi))
+        log rho = logp - logp_prev                              importance_ratio: token
+        log rho = sum_t m_t (logp_t - logp_prev_t) / sum_t m_t  sequence (GSPO), the same for every token
+        log rho = sg(that) + logp - sg(logp)                    sequence_token (GSPO-token)
+        pg  = max(-A * rho, -A * clip(rho, 1 - eps_lo, 1 + eps_hi))          policy_objective: clipped
         pg  = min(pg, -A * c)                  where A < 0, if ratio_clip_c = c is set (dual clip)
+        pg  = -A * sg(clip(rho, 1 - eps_lo, 1 + eps_hi)) * logp             policy_objective: cispo
         pg  = -A * logp                        if disable_ppo_ratio (plain REINFORCE)
         w   = min(exp(logp_prev - logp_gen), tis)   if use_importance_sampling_correction (else 1), no gradient
+        w  *= [low <= q <= high]               if mismatch_mask: q = exp(logp_prev - logp_gen) per token, or
+                                               per sequence exp(mean_t (logp_prev - logp_gen)), no gradient
         kl  = k(logp, logp_ref)                see ``kl_estimate``
         kl *= exp(logp - logp_prev)            if use_on_policy_kl_approximation (no gradient through the weight)
         l   = w * (pg + beta * kl)
@@ -92,7 +99,8 @@ class ClippedPGLoss:
                                                mean |d| and the k3 estimate exp(d) - d - 1 of KL(engine || trainer)
 
     Token level: ``loss = sum_{b,t} m_bt l_bt / N_tokens``. Sequence level: ``loss = sum_b (sum_t m_bt l_bt /
-    sum_t m_bt) / N_sequences``. ``N`` is the global count (``count``).
+    sum_t m_bt) / N_sequences``. Constant (Dr. GRPO): ``loss = sum_{b,t} m_bt l_bt / (N_sequences * C)``. ``N``
+    is the global count (``count``).
     """
 
     cfg: LossConfig = attrs.Factory(LossConfig)
@@ -100,9 +108,10 @@ class ClippedPGLoss:
 
     def count(self, batch: PolicyGradientBatch) -> float:
         mask = _loss_mask(batch)
-        if self.cfg.token_level_loss:
-            return float(mask.sum())
-        return float((mask.sum(1) > 0).sum())
+        sequences = float((mask.sum(1) > 0).sum())
+        if self.cfg.constant_normalizer is not None:
+            return sequences * self.cfg.constant_normalizer
+        return float(mask.sum()) if self.cfg.token_level_loss else sequences
 
     def __call__(
         self, batch: PolicyGradientBatch, logprobs: torch.Tensor, normalizer: float
@@ -121,18 +130,26 @@ class ClippedPGLoss:
             pg = -adv * logprobs  # [B, T]
             ratio = torch.ones_like(logprobs)
         else:
-            ratio = torch.exp(log_ratio)  # [B, T]
+            ratio = torch.exp(self._policy_log_ratio(log_ratio, logprobs, mask))  # [B, T]
             clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
-            pg = torch.maximum(-adv * ratio, -adv * clipped)
-            metrics["clip_fraction"] = self._reduce(((-adv * clipped) > (-adv * ratio)).float(), mask, normalizer)
-            if cfg.ratio_clip_c is not None:
-                dual = torch.minimum(pg, -adv * cfg.ratio_clip_c)
-                pg = torch.where(adv < 0, dual, pg)
+            if cfg.policy_objective == "cispo":
+                pg = -adv * clipped.detach() * logprobs
+                metrics["clip_fraction"] = self._reduce((clipped != ratio).float(), mask, normalizer)
+            else:
+                pg = torch.maximum(-adv * ratio, -adv * clipped)
+                metrics["clip_fraction"] = self._reduce(((-adv * clipped) > (-adv * ratio)).float(), mask, normalizer)
+                if cfg.ratio_clip_c is not None:
+                    dual = torch.minimum(pg, -adv * cfg.ratio_clip_c)
+                    pg = torch.where(adv < 0, dual, pg)
         weight = torch.ones_like(logprobs)
         if cfg.use_importance_sampling_correction:
             weight = torch.exp(prev - batch["generation_logprobs"]).detach()  # [B, T]
             if cfg.truncated_importance_sampling_ratio is not None:
                 weight = weight.clamp(max=cfg.truncated_importance_sampling_ratio)
+        if cfg.mismatch_mask is not None:
+            keep = self._mismatch_keep(batch, prev, mask)  # [B, T]
+            metrics["mismatch_masked_fraction"] = self._reduce(1.0 - keep, mask, normalizer)
+            weight = weight * keep
         per_token = pg
         if cfg.reference_policy_kl_penalty > 0:
             kl = kl_estimate(
@@ -157,8 +174,41 @@ class ClippedPGLoss:
         metrics["loss"] = loss.detach()
         return loss, metrics
 
+    def _policy_log_ratio(self, log_ratio: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The log importance ratio at ``importance_ratio``'s level, ``[B, T] -> [B, T]`` (0 off the mask)."""
+        import torch
+
+        if self.cfg.importance_ratio == "token":
+            return log_ratio
+        sequence = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)  # [B, 1]
+        if self.cfg.importance_ratio == "sequence":
+            per_token = sequence.expand_as(log_ratio)
+        else:  # sequence_token: the sequence's value, each token's own gradient
+            per_token = sequence.detach() + logprobs - logprobs.detach()
+        return torch.where(mask > 0, per_token, 0.0)
+
+    def _mismatch_keep(self, batch: PolicyGradientBatch, prev: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """1 where the trainer-vs-engine ratio is within the mask's bounds, else 0, ``[B, T]`` (no gradient)."""
+        import torch
+
+        if "generation_logprobs" not in batch:
+            raise InputError(
+                "loss_fn.mismatch_mask compares with the engine's logprobs, but the batch has no generation_logprobs; "
+                "put the engine's logprobs of the sampled tokens there, or set loss_fn.mismatch_mask=null"
+            )
+        log_q = torch.where(mask > 0, prev.detach() - batch["generation_logprobs"], 0.0)  # [B, T]
+        if self.cfg.mismatch_mask == "sequence":
+            log_q = ((log_q * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)).expand_as(log_q)
+        q = torch.exp(log_q)
+        keep = torch.ones_like(q, dtype=torch.bool)
+        if self.cfg.mismatch_mask_low is not None:
+            keep &= q >= self.cfg.mismatch_mask_low
+        if self.cfg.mismatch_mask_high is not None:
+            keep &= q <= self.cfg.mismatch_mask_high
+        return keep.float()
+
     def _reduce(self, values: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
-        if self.cfg.token_level_loss:
+        if self.cfg.token_level_loss or self.cfg.constant_normalizer is not None:
             return (values * mask).sum() / normalizer
         per_seq = (values * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [B]
         return per_seq.sum() / normalizer

@@ -21,9 +21,13 @@ _pos = attrs.validators.gt(0)
 class SupervisedLoopConfig:
     """The loop settings SFT and DPO share (each algorithm's section adds its own)."""
 
+    #: optimizer steps of the run.
     max_num_steps: int = attrs.field(default=100, validator=_pos)
+    #: validate (the held-out loss and metrics) every this many steps, and after the last.
     val_period: int = attrs.field(default=10, validator=_pos)
+    #: validate before the first step too (step 0).
     val_at_start: bool = True
+    #: held-out rows per validation.
     max_val_samples: int = attrs.field(default=64, validator=_pos)
 
 
