@@ -26,6 +26,7 @@ LOADER_FILLED = "rl_core_loader_filled"
 _pos = attrs.validators.gt(0)
 _nonneg = attrs.validators.ge(0)
 _pos_float = attrs.validators.gt(0.0)
+_optional_pos_float: Any = attrs.validators.optional(_pos_float)
 _nonneg_float = attrs.validators.ge(0.0)
 
 
@@ -320,16 +321,16 @@ class LossConfig:
     #: much was dropped.
     mismatch_mask: Literal["token", "sequence"] | None = None
     #: the mask's lower bound on the ratio (None: none).
-    mismatch_mask_low: float | None = attrs.field(default=None, validator=attrs.validators.optional(_pos_float))
+    mismatch_mask_low: float | None = attrs.field(default=None, validator=_optional_pos_float)
     #: the mask's upper bound on the ratio (None: none).
-    mismatch_mask_high: float | None = attrs.field(default=2.0, validator=attrs.validators.optional(_pos_float))
+    mismatch_mask_high: float | None = attrs.field(default=2.0, validator=_optional_pos_float)
     #: ``true``: the loss is the mean over every loss token of the batch (DAPO); ``false``: each sequence's mean
     #: over its tokens, then the mean over sequences (GRPO's paper, GSPO).
     token_level_loss: bool = True
     #: Dr. GRPO: the sum over every loss token divided by ``sequences x constant_normalizer`` (use the generation
     #: budget, ``policy.generation.max_new_tokens``), so a sequence's weight does not shrink with its length; the
     #: metrics (ratio, clip fraction, KL) are averaged the same way. None: ``token_level_loss`` decides.
-    constant_normalizer: float | None = attrs.field(default=None, validator=attrs.validators.optional(_pos_float))
+    constant_normalizer: float | None = attrs.field(default=None, validator=_optional_pos_float)
 
     def __attrs_post_init__(self) -> None:
         if self.ratio_clip_c is not None and self.ratio_clip_c <= 1.0:
