@@ -22,9 +22,20 @@ from typing import Any
 
 from harness import ROOT, write
 
-TASKS = {
-    "default": {"recipe": None, "new_tokens": 4},
-    "calculator": {"recipe": ROOT / "examples" / "configs" / "grpo_calculator.yaml", "new_tokens": 24},
+TASKS: dict[str, dict[str, Any]] = {
+    "default": {"recipe": None, "new_tokens": 4, "extra": []},
+    # four optimizer steps per batch: the later three train on rollouts of an older policy, so the ratios (and
+    # with them each variant's clipping or weighting) differ from 1; with one step per batch they are 1
+    "default-4-updates": {
+        "recipe": None,
+        "new_tokens": 4,
+        "extra": ["policy.train_global_batch_size=16", "policy.train_micro_batch_size=16"],
+    },
+    "calculator": {
+        "recipe": ROOT / "examples" / "configs" / "grpo_calculator.yaml",
+        "new_tokens": 24,
+        "extra": [],
+    },
 }
 #: each variant's settings; ``{new_tokens}`` is the task's generation budget
 VARIANTS: dict[str, list[str]] = {
@@ -72,11 +83,8 @@ def run(task: str, variant: str, work: Path, registry: Any, steps: int | None, m
     run_dir = work / f"{task}-{variant}"
     start = ["warmup_recipe=null", f"policy.model_name={model}"] if model else []
     limit = [f"grpo.max_num_steps={steps}"] if steps else []
-    config = load_config(
-        spec["recipe"],
-        [f"run_dir={run_dir}", "logger.progress=false", "checkpointing.enabled=false", *start, *limit, *settings],
-        registry,
-    )
+    overrides = [f"run_dir={run_dir}", "logger.progress=false", "checkpointing.enabled=false", *start, *limit]
+    config = load_config(spec["recipe"], [*overrides, *spec["extra"], *settings], registry)
     begun = time.monotonic()
     run_config(config, registry, RunConsole(progress=False), summary=False)
     seconds = time.monotonic() - begun
@@ -130,7 +138,11 @@ def main() -> None:
     notes = (
         "Held-out reward (greedy, the recipe's validation prompts) at each validation step; every variant of a task "
         "starts from the same warm-up model (the recipe's SFT, run once) with the recipe's seed and settings, and "
-        "differs only by the settings named in bench/loss_variants.py. Seconds: the GRPO run, start-up included. "
+        "differs only by the settings named in bench/loss_variants.py. Seconds: the run, start-up included (each "
+        "task's first row, plain GRPO, also runs the warm-up). default-4-updates: the default task with "
+        "train_global_batch_size 16, four optimizer steps per batch, so that ratios differ from 1 (with one step "
+        "per batch they are 1 and GSPO, CISPO and the masks give GRPO's gradient up to the normaliser: the default "
+        "rows agree by construction). One seed per row: a difference of one validation step is within noise. "
         "Masked (max): the largest fraction of loss tokens a mismatch mask dropped in a step; on CPU in fp32 the "
         "engine's logprobs equal the trainer's to ~1e-7, so the masks drop nothing here and the rows show only that "
         "they cost nothing; on GPUs in bf16 they act."

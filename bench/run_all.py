@@ -15,6 +15,7 @@ BENCHMARKS = [
     "multi_turn.py",
     "lora.py",
     "profile_train.py",
+    "loss_variants.py",
 ]
 
 if __name__ == "__main__":
