@@ -1,4 +1,4 @@
-"""The core's own plugin (entry point ``core``, loaded like any other): the five algorithm loops, the rule-based
+"""The core's own plugin (entry point ``core``, loaded like any other): the seven algorithm loops, the rule-based
 reward sources, the optional metrics loggers and the plain ``rl_step``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What REINFORCE and on-policy distillation share: a step's first half (``sample``: rollouts of the current policy,
+"""What REINFORCE, on-policy distillation and PPO share: a step's first half (``sample``: rollouts of the current policy,
 scored, batched, with the trainer's logprobs and their health check), its second half (``update``: one update over
 the batch, then the refit), and their loop (``run_on_policy``). Each algorithm puts its own advantages between the
 two halves."""
