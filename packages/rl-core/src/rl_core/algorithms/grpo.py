@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -51,6 +51,9 @@ from rl_core.training.rollouts import (
     sampling,
     validate_rollouts,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 _pos = attrs.validators.gt(0)
 
@@ -189,25 +192,8 @@ def train_on(
 ) -> dict[str, float]:
     """Advantages, the batch, the logprobs the loss needs, and the optimizer steps on one step's rollouts. The
     engine-vs-trainer mismatch is measured here only ``on_policy`` (the engine's weights were the trainer's)."""
-    import torch
-
-    G = cfg.num_generations_per_prompt
-    P = len(scored.examples)
-    rewards = torch.tensor(scored.rewards, dtype=torch.float32).view(P, G)  # [P, G]
-    lengths = torch.tensor([len(r.token_ids) for r in scored.rollouts]).view(P, G)  # [P, G]
-    if cfg.overlong_reward_shaping:
-        rewards = rewards + adv.overlong_penalty(
-            lengths, ctx.config.policy.generation.max_new_tokens, cfg.overlong_buffer_length, cfg.overlong_penalty
-        )
-    truncated = torch.tensor([r.finish_reason == "length" for r in scored.rollouts]).view(P, G)
-    valid = ~truncated if cfg.overlong_filtering else torch.ones_like(truncated)
-    if cfg.group_baseline:
-        advantages = adv.group_advantages(
-            rewards, valid, leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
-        )  # [P, G]
-    else:
-        advantages = rewards * valid
-
+    P, G = len(scored.examples), cfg.num_generations_per_prompt
+    rewards, advantages, valid = sample_advantages(ctx, cfg, scored)
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
     batch["sample_mask"] = valid.view(-1).float()  # [B]
@@ -243,6 +229,31 @@ def train_on(
         **prefixed("train", train_metrics),
         **health,
     }
+
+
+def sample_advantages(
+    ctx: RunContext, cfg: GRPOConfig, scored: ScoredRollouts
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's rewards (with DAPO's overlong shaping), each sample's advantage (the group baseline, or the raw
+    reward) and which samples count (DAPO's overlong filtering), each ``[P, G]``."""
+    import torch
+
+    G = cfg.num_generations_per_prompt
+    P = len(scored.examples)
+    rewards = torch.tensor(scored.rewards, dtype=torch.float32).view(P, G)  # [P, G]
+    lengths = torch.tensor([len(r.token_ids) for r in scored.rollouts]).view(P, G)  # [P, G]
+    if cfg.overlong_reward_shaping:
+        rewards = rewards + adv.overlong_penalty(
+            lengths, ctx.config.policy.generation.max_new_tokens, cfg.overlong_buffer_length, cfg.overlong_penalty
+        )
+    truncated = torch.tensor([r.finish_reason == "length" for r in scored.rollouts]).view(P, G)
+    valid = ~truncated if cfg.overlong_filtering else torch.ones_like(truncated)
+    if not cfg.group_baseline:
+        return rewards, rewards * valid, valid
+    advantages = adv.group_advantages(
+        rewards, valid, leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
+    )  # [P, G]
+    return rewards, advantages, valid
 
 
 class AsyncGRPO:
