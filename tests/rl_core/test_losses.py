@@ -307,6 +307,10 @@ def seq_batch(log_ratios, advantages, **cfg):
     return float(loss.detach()), metrics, logprobs.grad
 
 
+#: two rows of log-ratios and advantages: row 0's sequence ratio is clipped, row 1's is not
+GSPO_ROWS = ([[math.log(2), 0.0], [math.log(1.1), 0.0]], [[1.0, 1.0], [1.0, 3.0]])
+
+
 def test_gspo_clips_the_sequence_ratio_the_geometric_mean_of_its_tokens():
     # GSPO (Zheng et al. 2025): s_i = exp(mean_t log(pi/pi_old)); l_i = max(-A s_i, -A clip(s_i, 0.8, 1.2)),
     # averaged per sequence, then over sequences.
@@ -314,12 +318,7 @@ def test_gspo_clips_the_sequence_ratio_the_geometric_mean_of_its_tokens():
     # row 1: log-ratios [ln 1.1, 0] -> s = sqrt(1.1) = 1.0488, A = [1, 3]: -A_t s per token, row mean -2 s
     # loss = (-1.2 + -2 s) / 2; d loss / d logp_t of row 1 = (1/2) * (-2 s) * ds/dlogp_t / s = (1/2)(-2 s)(1/2) = -s/2
     s = math.sqrt(1.1)
-    loss, metrics, grad = seq_batch(
-        [[math.log(2), 0.0], [math.log(1.1), 0.0]],
-        [[1.0, 1.0], [1.0, 3.0]],
-        importance_ratio="sequence",
-        token_level_loss=False,
-    )
+    loss, metrics, grad = seq_batch(*GSPO_ROWS, importance_ratio="sequence", token_level_loss=False)
     assert loss == pytest.approx((-1.2 - 2 * s) / 2)
     assert grad.tolist()[0] == [0.0, 0.0]
     assert grad.tolist()[1] == pytest.approx([-s / 2, -s / 2])
@@ -332,12 +331,7 @@ def test_gspo_token_has_the_sequence_ratio_with_each_tokens_own_gradient():
     # row 1 as above: l = mean_t(-A_t s_it) -> d/dlogp_0 = (1/2)(1/2)(-1 s), d/dlogp_1 = (1/2)(1/2)(-3 s)
     # (GSPO gives both tokens -s/2: with equal advantages along a sequence the two agree)
     s = math.sqrt(1.1)
-    loss, _, grad = seq_batch(
-        [[math.log(2), 0.0], [math.log(1.1), 0.0]],
-        [[1.0, 1.0], [1.0, 3.0]],
-        importance_ratio="sequence_token",
-        token_level_loss=False,
-    )
+    loss, _, grad = seq_batch(*GSPO_ROWS, importance_ratio="sequence_token", token_level_loss=False)
     assert loss == pytest.approx((-1.2 - 2 * s) / 2)
     assert grad.tolist()[0] == [0.0, 0.0]
     assert grad.tolist()[1] == pytest.approx([-s / 4, -3 * s / 4])

@@ -73,6 +73,11 @@ def _loss_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     return mask
 
 
+def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's mean over its masked positions, ``[B, T] -> [B, 1]`` (0 for a row without any)."""
+    return (values * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)
+
+
 @attrs.frozen(kw_only=True)
 class ClippedPGLoss:
     """The policy-gradient loss of PPO/GRPO and its variants: DAPO's asymmetric clip, dual clip, GSPO's sequence
@@ -180,7 +185,7 @@ class ClippedPGLoss:
 
         if self.cfg.importance_ratio == "token":
             return log_ratio
-        sequence = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)  # [B, 1]
+        sequence = _sequence_mean(log_ratio, mask)  # [B, 1]
         if self.cfg.importance_ratio == "sequence":
             per_token = sequence.expand_as(log_ratio)
         else:  # sequence_token: the sequence's value, each token's own gradient
@@ -198,7 +203,7 @@ class ClippedPGLoss:
             )
         log_q = torch.where(mask > 0, prev.detach() - batch["generation_logprobs"], 0.0)  # [B, T]
         if self.cfg.mismatch_mask == "sequence":
-            log_q = ((log_q * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)).expand_as(log_q)
+            log_q = _sequence_mean(log_q, mask).expand_as(log_q)
         q = torch.exp(log_q)
         keep = torch.ones_like(q, dtype=torch.bool)
         if self.cfg.mismatch_mask_low is not None:
