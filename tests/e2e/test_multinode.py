@@ -1,7 +1,7 @@
 """A real multi-node Ray cluster on this machine: a head and a second node started with ``ray start``, each with
 its own resources and temp dir, stopped by the test through its own processes (never a machine-wide
-``ray stop``). A short GRPO job places its 2 data-parallel ranks on different nodes; the same job runs against a
-token-authenticated cluster; and a training worker killed mid-run stops the run with a message naming it."""
+``ray stop``). A short GRPO job places its 2 data-parallel ranks on different nodes; on a token-authenticated
+cluster, a training worker killed mid-run stops the run with a message naming it, and the run resumes there."""
 
 import os
 import re
@@ -92,14 +92,11 @@ class Cluster:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        # nothing of a test cluster is worth a graceful stop (`ray start --block` takes 5 s or more to end on SIGTERM)
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         # the daemons `ray start` launched run in sessions of their own: find them by our temp dirs
         marks = [str(d) for d in self.dirs]
         for p in psutil.process_iter(["cmdline"]):
@@ -115,11 +112,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(params=["disabled", "token"], ids=["no-auth", "token-auth"])
-def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
-    root = Path(f"/tmp/rlc{os.getpid()}{request.param[0]}")
+def cluster(auth: str) -> Iterator[Cluster]:
+    root = Path(f"/tmp/rlc{os.getpid()}{auth[0]}")
     root.mkdir(exist_ok=True)
-    c = Cluster(root, request.param)
+    c = Cluster(root, auth)
     try:
         yield c.start()
     finally:
@@ -127,9 +123,37 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_job(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rl_core.cli", "run", f"run_dir={run_dir}", *JOB, *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+@pytest.fixture
+def open_cluster() -> Iterator[Cluster]:
+    yield from cluster("disabled")
+
+
+@pytest.fixture
+def token_cluster() -> Iterator[Cluster]:
+    yield from cluster("token")
+
+
+def job_env(cluster: Cluster) -> dict[str, str]:
+    """The driver's environment: none of the test's RAY_ variables, the token where the cluster wants one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    if cluster.env["RAY_AUTH_MODE"] == "token":
+        env["RAY_AUTH_TOKEN"] = TOKEN  # rl-core turns on RAY_AUTH_MODE=token itself when a token is at hand
+    return env
+
+
+def job(run_dir: Path, cluster: Cluster, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rl_core.cli",
+        "run",
+        f"run_dir={run_dir}",
+        *JOB,
+        f"cluster.address={cluster.address}",
+        "cluster.placement=spread",
+        "policy.num_workers=2",
+        *overrides,
+    ]
 
 
 def worker_nodes(run_dir: Path, group: str) -> dict[int, str]:
@@ -139,36 +163,22 @@ def worker_nodes(run_dir: Path, group: str) -> dict[int, str]:
     return {int(r): node for r, node in re.findall(r"\[(\d+)\] pid \d+ on \S+ \(node ([0-9a-f]+)\)", line)}
 
 
-def test_two_ranks_spread_over_two_nodes(cluster: Cluster, tmp_path: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    if cluster.env["RAY_AUTH_MODE"] == "token":
-        env["RAY_AUTH_TOKEN"] = TOKEN  # rl-core turns on RAY_AUTH_MODE=token itself when a token is at hand
-    out = run_job(
-        tmp_path / "run",
-        f"cluster.address={cluster.address}",
-        "cluster.placement=spread",
-        "policy.num_workers=2",
-        env=env,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    nodes = worker_nodes(tmp_path / "run", "policy")
-    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
-    assert (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()
-
-
-def test_a_killed_training_worker_stops_the_run_and_it_resumes(tmp_path: Path):
+def test_two_ranks_spread_over_two_nodes(open_cluster: Cluster, tmp_path: Path):
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rl_core.cli",
-        "run",
-        f"run_dir={run}",
-        *JOB,
-        "grpo.max_num_steps=3",
-        "policy.num_workers=2",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = subprocess.run(job(run, open_cluster), capture_output=True, text=True, timeout=900, env=job_env(open_cluster))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    nodes = worker_nodes(run, "policy")
+    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
+    assert (run / "checkpoints" / "step_000002").is_dir()
+
+
+def test_a_killed_training_worker_stops_the_run_and_it_resumes(token_cluster: Cluster, tmp_path: Path):
+    """On a token-authenticated cluster, the ranks spread over its two nodes: rank 1 killed at step 2 of 3."""
+    run, env = tmp_path / "run", job_env(token_cluster)
+    cmd = job(run, token_cluster, "grpo.max_num_steps=3")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
     lines: list[str] = []
     pid = None
     for line in proc.stdout:
@@ -183,7 +193,9 @@ def test_a_killed_training_worker_stops_the_run_and_it_resumes(tmp_path: Path):
     assert proc.returncode == 2, output[-3000:]
     assert f"worker policy[1] (pid {pid}) on node" in output and "died" in output
     assert "last log lines" in output and "Resume the run from its last checkpoint" in output
-    resumed = run_job(run, "grpo.max_num_steps=3", "policy.num_workers=2")
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
+    nodes = worker_nodes(run, "policy")
+    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
     assert (run / "checkpoints" / "step_000003").is_dir()
