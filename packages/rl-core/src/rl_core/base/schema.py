@@ -425,6 +425,9 @@ class Config:
     #: written, given only this run's ``policy.model_name`` and ``seed``: other overrides (``policy.backend``, ...)
     #: do not reach it; to change it, copy the recipe and name the copy here.
     warmup_recipe: str | None = None
+    #: reuse the warm-up model this machine built before from the same recipe, base model, seed, libraries and
+    #: code (kept under ``RL_CORE_CACHE/warmups``, default ``~/.cache/rl_core``); ``false`` trains it again.
+    warmup_cache: bool = True
     policy: PolicyConfig
     cluster: ClusterConfig = attrs.Factory(ClusterConfig)
     data: DataConfig = attrs.Factory(DataConfig)

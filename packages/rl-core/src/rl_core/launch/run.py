@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rl_core.config.recipes import resolve_recipe
 from rl_core.data.models import check_model_folder, resolve_model_path
 from rl_core.data.prompts import load_split
 from rl_core.distributed.placement import detected_device
+from rl_core.launch import warmup_cache
 from rl_core.launch.checks import (
     check_lengths,
     check_loggers,
@@ -132,15 +134,16 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
 
 def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunConsole) -> Config:
     """Run the warm-up recipe in ``RUN_DIR/warmup`` (once: its ``final/`` is written atomically, so one that exists
-    is whole) and return ``config`` starting from its final policy."""
+    is whole), or copy it there from the cache of warm-ups built before (``rl_core.launch.warmup_cache``); return
+    ``config`` starting from its final policy."""
 
     assert config.warmup_recipe is not None
-    final = run_dir / "warmup" / "final"
+    warmup_dir = run_dir / "warmup"
+    final = warmup_dir / "final"
     if not (final / "config.json").is_file():
-        console.section(f"warm-up: {config.warmup_recipe}")
         warm = load_config(
             resolve_recipe(config.warmup_recipe),
-            [f"run_dir={run_dir / 'warmup'}", f"policy.model_name={config.policy.model_name}", f"seed={config.seed}"],
+            [f"run_dir={warmup_dir}", f"policy.model_name={config.policy.model_name}", f"seed={config.seed}"],
             registry,
         )
         warm = attrs.evolve(
@@ -148,9 +151,21 @@ def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunC
             checkpointing=attrs.evolve(warm.checkpointing, export_final_hf=True),
             logger=attrs.evolve(warm.logger, progress=config.logger.progress),
         )
-        metrics = run_config(warm, registry, console, summary=False)
-        console.section("warm-up done: " + _brief(metrics))
-        console.reset()
+        key = warmup_cache.warmup_key(warm, registry) if config.warmup_cache else None
+        if key is not None and warmup_cache.cached(key):
+            shutil.rmtree(warmup_dir, ignore_errors=True)  # a warm-up killed before its end: the cache has it whole
+            source = warmup_cache.restore(key, warmup_dir)
+            console.info(
+                f"warm-up: {config.warmup_recipe}, built before on this machine from the same recipe, model and code "
+                f"(copied from {source}; warmup_cache=false trains it again)"
+            )
+        else:
+            console.section(f"warm-up: {config.warmup_recipe}")
+            metrics = run_config(warm, registry, console, summary=False)
+            console.section("warm-up done: " + _brief(metrics))
+            console.reset()
+            if key is not None:
+                warmup_cache.store(key, warmup_dir)
     return attrs.evolve(config, warmup_recipe=None, policy=attrs.evolve(config.policy, model_name=str(final)))
 
 
