@@ -103,8 +103,9 @@ def _packages(registry: Registry) -> list[Path]:
     folders = []
     for name in sorted(names):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            folders.append(Path(module.__file__).parent)
+        where = getattr(module, "__file__", None)
+        if where is not None:
+            folders.append(Path(where).parent)
     return folders
 
 
