@@ -41,12 +41,12 @@ def warmup_key(warm: Config, registry: Registry) -> str:
 
 def cached(key: str) -> bool:
     """Whether a whole warm-up run is cached under ``key``."""
-    return (cache_root() / "warmups" / key / "final" / "config.json").is_file()
+    return (_folder(key) / "final" / "config.json").is_file()
 
 
 def restore(key: str, warmup_dir: Path) -> Path:
     """Copy the cached warm-up ``key`` into ``warmup_dir`` (which must not exist yet); returns its cache folder."""
-    cached = cache_root() / "warmups" / key
+    cached = _folder(key)
     warmup_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warmup-", dir=warmup_dir.parent))
     shutil.copytree(cached, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
@@ -57,7 +57,7 @@ def restore(key: str, warmup_dir: Path) -> Path:
 def store(key: str, warmup_dir: Path) -> None:
     """Keep the finished warm-up run in ``warmup_dir`` under ``key`` (atomically; a key cached meanwhile by
     another run is left as it is)."""
-    cached = cache_root() / "warmups" / key
+    cached = _folder(key)
     if cached.is_dir():
         return
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -67,6 +67,10 @@ def store(key: str, warmup_dir: Path) -> None:
         tmp.rename(cached)
     except OSError:  # stored concurrently by another run: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _folder(key: str) -> Path:
+    return cache_root() / "warmups" / key
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -79,13 +83,11 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _stats(path: Path) -> list[tuple[str, int, int]]:
-    found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.exists() else []
-    return [(str(p.relative_to(path) if path.is_dir() else p.name), *_size_and_time(p)) for p in found]
-
-
-def _size_and_time(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
+    """(name, size, modification time) of the file ``path`` or of each file below the folder ``path``."""
+    if path.is_file():
+        return [(path.name, path.stat().st_size, path.stat().st_mtime_ns)]
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
 def _version(distribution: str) -> str:
