@@ -1,4 +1,5 @@
-"""PPO's alignment of the critic with the policy's tokens, and its explained-variance figure."""
+"""PPO's alignment of the critic with the policy's tokens, its KL penalty in the reward, and its explained-variance
+figure."""
 
 import pytest
 import torch
@@ -55,6 +56,37 @@ def test_ppo_step_reads_the_critic_one_position_before_each_action_token(monkeyp
     assert torch.equal(trained["old_values"], torch.tensor([[0.0, 11.0, 12.0, 0.0, 0.0]]))
     assert torch.equal(trained["returns"], torch.tensor([[0.0, 1.0, 1.0, 0.0, 0.0]]))
     assert metrics["ppo/shaped_reward"] == 1.0 and "advantages" not in on.batch
+
+
+def test_ppo_step_subtracts_kl_penalty_times_each_tokens_logprob_gap_to_the_reference(monkeypatch):
+    """``ppo.kl_penalty=0.5``: the action tokens' rewards become ``-0.5 * (log pi - log pi_ref)`` plus the final
+    reward at the last one; with gamma = lam = 1 the critic's return at each action is the sum from it on."""
+    from types import SimpleNamespace
+
+    from rl_core.algorithms import ppo
+    from rl_core.base.schema import LossConfig
+    from rl_core.training.context import Phases
+
+    mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0]])
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 0]])}
+    on = SimpleNamespace(
+        batch={**batch, "loss_mask": mask},
+        scored=SimpleNamespace(rewards=[1.0]),
+        logprobs=torch.tensor([[0.0, 0.0, -1.0, -2.0, 0.0]]),
+        metrics={},
+        phases=Phases(),
+        start=0.0,
+    )
+    monkeypatch.setattr(ppo, "sample", lambda ctx, cfg, sampler, step: on)
+    reference = SimpleNamespace(reference_logprobs=lambda b: torch.tensor([[0.0, 0.0, -2.0, -1.0, 0.0]]))
+    critic = Critic()
+    ctx = SimpleNamespace(critic=critic, backend=reference)
+    cfg = ppo.PPOConfig(gamma=1.0, lam=1.0, kl_penalty=0.5, critic=ppo.CriticConfig(warmup_steps=1))
+    pg_loss, value_loss = ppo.ClippedPGLoss(cfg=LossConfig()), ppo.ValueLoss(clip=None)
+    metrics = ppo.ppo_step(ctx, cfg, None, pg_loss, value_loss, step=1)
+    # token rewards: -0.5 * (-1 - -2) = -0.5 at position 2; 1 - 0.5 * (-2 - -1) = 1.5 at position 3
+    assert metrics["ppo/shaped_reward"] == pytest.approx(1.0)
+    assert torch.allclose(critic.trained["returns"], torch.tensor([[0.0, 1.0, 1.5, 0.0, 0.0]]))
 
 
 def test_explained_variance():

@@ -334,15 +334,15 @@ def probe_mismatch(ctx: RunContext, scored: ScoredRollouts) -> dict[str, float]:
 def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any, phases: Phases) -> ScoredRollouts:
     """Scored rollouts for one step; with dynamic sampling, only groups whose rewards differ, drawing more
     prompts (up to the limit) until ``num_prompts_per_step`` groups are kept."""
-    scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     if not cfg.dynamic_sampling:
-        return scored
+        return generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     G = params.n
     kept_examples: list[Any] = []
     kept_rollouts: list[Any] = []
     kept_rewards: list[float] = []
     kept_transcripts: list[Any] = []
     for _draw in range(cfg.dynamic_sampling_max_gen_batches):
+        scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
         for p, example in enumerate(scored.examples):
             group = scored.rewards[p * G : (p + 1) * G]
             if max(group) > min(group) and len(kept_examples) < cfg.num_prompts_per_step:
@@ -353,7 +353,6 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
                 kept_transcripts += scored.transcripts[p * G : (p + 1) * G]
         if len(kept_examples) >= cfg.num_prompts_per_step:
             break
-        scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     if not kept_examples:  # every group was uniform: train on the last draw (its advantages are all zero)
         return scored
     metrics = {**scored.metrics, "dynamic_sampling/kept_groups": float(len(kept_examples))}

@@ -1,4 +1,4 @@
-"""Metrics loggers: JSONL always; TensorBoard, W&B (offline works without a network) and MLflow (a file store in
+"""Metrics loggers: JSONL always; TensorBoard, W&B (offline works without a network) and MLflow (a SQLite store in
 the run folder by default) when enabled. All implement ``rl_core.contracts.protocols.MetricsLogger``."""
 
 from __future__ import annotations

@@ -1,0 +1,106 @@
+"""GRPO's DAPO options and baselines as ``grpo`` itself applies them to a step's scored rollouts: dynamic sampling
+(``collect``), overlong shaping and filtering and the leave-one-out baseline (``sample_advantages``)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rl_core.algorithms import grpo
+from rl_core.contracts.protocols import Rollout
+from rl_core.training.context import Phases
+from rl_core.training.rollouts import ScoredRollouts
+
+
+def scored(groups: list[list[float]], lengths: list[list[int]] | None = None, limit: int = 8) -> ScoredRollouts:
+    """One draw: prompt ``p`` is named ``f"p{p}"``; its rollouts have the given rewards and response lengths (a
+    response of ``limit`` tokens was cut there)."""
+    lengths = lengths or [[2] * len(g) for g in groups]
+    rollouts = [
+        Rollout(
+            prompt_index=p,
+            sample_index=i,
+            prompt_token_ids=(1,),
+            token_ids=tuple(range(n)),
+            text="",
+            logprobs=(0.0,) * n,
+            finish_reason="length" if n >= limit else "stop",
+        )
+        for p, group in enumerate(lengths)
+        for i, n in enumerate(group)
+    ]
+    return ScoredRollouts(
+        examples=[{"prompt": f"p{p}"} for p in range(len(groups))],
+        rollouts=rollouts,
+        rewards=[r for g in groups for r in g],
+        metrics={"reward": 0.0},
+        transcripts=[{"prompt": f"p{p}", "i": i} for p, g in enumerate(groups) for i in range(len(g))],
+    )
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ_and_draws_more_until_the_step_is_full(monkeypatch):
+    draws = iter(
+        [
+            scored([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]),  # only p1 has signal
+            scored([[0.0, 0.0], [1.0, 0.0], [0.5, 0.0]]),  # p1 and p2 (one more than the step needs)
+        ]
+    )
+    monkeypatch.setattr(grpo, "generate_and_score", lambda *args: next(draws))
+    sampler = SimpleNamespace(next=lambda: [])
+    cfg = grpo.GRPOConfig(num_prompts_per_step=2, num_generations_per_prompt=2, dynamic_sampling=True)
+    out = grpo.collect(None, cfg, sampler, SimpleNamespace(n=2), Phases())
+    assert out.rewards == [0.0, 1.0, 1.0, 0.0]  # draw 1's p1, then draw 2's p1; draw 2's p2 is left over
+    assert [r.prompt_index for r in out.rollouts] == [0, 0, 1, 1]  # renumbered to the kept groups
+    assert [t["i"] for t in out.transcripts] == [0, 1, 0, 1] and len(out.examples) == 2
+    assert out.metrics["dynamic_sampling/kept_groups"] == 2.0
+
+
+def test_dynamic_sampling_stops_after_its_draw_limit_and_trains_on_what_it_kept(monkeypatch):
+    calls = []
+
+    def draw(*args):
+        calls.append(1)
+        return scored([[1.0, 1.0], [0.0, 1.0]]) if len(calls) == 1 else scored([[0.0, 0.0], [1.0, 1.0]])
+
+    monkeypatch.setattr(grpo, "generate_and_score", draw)
+    cfg = grpo.GRPOConfig(
+        num_prompts_per_step=2, num_generations_per_prompt=2, dynamic_sampling=True, dynamic_sampling_max_gen_batches=3
+    )
+    out = grpo.collect(None, cfg, SimpleNamespace(next=lambda: []), SimpleNamespace(n=2), Phases())
+    assert len(calls) == 3 and out.rewards == [0.0, 1.0]
+    assert out.metrics["dynamic_sampling/kept_groups"] == 1.0
+
+
+def ctx(max_new_tokens: int = 8) -> SimpleNamespace:
+    return SimpleNamespace(
+        config=SimpleNamespace(policy=SimpleNamespace(generation=SimpleNamespace(max_new_tokens=max_new_tokens)))
+    )
+
+
+def test_overlong_shaping_penalises_the_last_buffer_tokens_and_filtering_drops_cut_responses():
+    # limit 8, buffer 4: lengths 2, 4 are free, 6 pays (6 - 4) / 4 = 0.5, 8 (cut at the limit) pays 1
+    rollouts = scored([[1.0, 1.0, 1.0, 1.0]], lengths=[[2, 4, 6, 8]])
+    cfg = grpo.GRPOConfig(
+        num_prompts_per_step=1,
+        num_generations_per_prompt=4,
+        overlong_reward_shaping=True,
+        overlong_buffer_length=4,
+        overlong_filtering=True,
+        normalize_rewards=False,
+    )
+    rewards, advantages, valid = grpo.sample_advantages(ctx(), cfg, rollouts)
+    assert rewards.tolist() == [[1.0, 1.0, 0.5, 0.0]]
+    assert valid.tolist() == [[True, True, True, False]]
+    # the baseline is the mean over the valid three (2.5 / 3); the cut response gets no advantage
+    assert advantages[0, :3].tolist() == pytest.approx([1 / 6, 1 / 6, -1 / 3])
+    assert advantages[0, 3] == 0.0
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_groups_other_rewards():
+    rollouts = scored([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 3.0]])
+    cfg = grpo.GRPOConfig(
+        num_prompts_per_step=2, num_generations_per_prompt=4, use_leave_one_out_baseline=True, normalize_rewards=False
+    )
+    _, advantages, _ = grpo.sample_advantages(ctx(), cfg, rollouts)
+    expected = torch.tensor([[1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3], [-1.0, -1.0, -1.0, 3.0]])
+    assert torch.allclose(advantages, expected)
