@@ -542,3 +542,54 @@ def test_every_numeric_flag_is_finite_and_in_range(flag, value, message):
         timeout=120,
     )
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_full_queue_is_a_503_that_the_client_retries_on_its_next_server(start_server):
+    """``--max-queued-samples 2``: with one sample held by a freezing input, a request of two more gets a 503; the
+    client, given both servers in ``urls``, moves that chunk to the other one."""
+    busy = start_server("--scorer", SLOW, "--max-queued-samples", "2", "--request-timeout-s", "4")
+    spare = start_server("--scorer", SLOW)
+    worker = threading.Thread(target=lambda: _score(busy, "regex", [FREEZE]))
+    worker.start()
+    time.sleep(0.5)
+    reply = _score(busy, "regex", ["ab", "b"])
+    assert reply.status_code == 503 and "1 samples already wait for scorer 'regex'" in reply.text, reply.text
+    client = RemoteRewardSource(RemoteConfig(urls=(busy.url, spare.url), scorer="regex", batch_size=2, backoff_s=0.01))
+    assert client.score(["p"] * 2, ["ab", "x"], [{}] * 2) == [1.0, 0.0]
+    worker.join(timeout=30)
+    count = 'reward_http_requests_total{{path="/v1/score",status="{}"}} {}'
+    assert count.format(503, "2.0") in httpx.get(f"{busy.url}/metrics").text  # ours, then the client's first try
+    assert count.format(200, "1.0") in httpx.get(f"{spare.url}/metrics").text  # its retry
+
+
+def test_the_client_keeps_at_most_max_in_flight_requests_under_way(start_server, monkeypatch):
+    server = start_server("--scorer", "exact_match")
+    under_way, most = 0, 0
+    post = httpx.AsyncClient.post
+
+    async def counted(self, *args, **kwargs):
+        nonlocal under_way, most
+        under_way += 1
+        most = max(most, under_way)
+        try:
+            await asyncio.sleep(0.02)  # long enough for the others to start, were they allowed
+            return await post(self, *args, **kwargs)
+        finally:
+            under_way -= 1
+
+    monkeypatch.setattr(httpx.AsyncClient, "post", counted)
+    for limit in (1, 3):
+        most = 0
+        client = RemoteRewardSource(
+            RemoteConfig(url=server.url, scorer="exact_match", batch_size=1, max_in_flight=limit)
+        )
+        assert client.score(["p"] * 12, ["1", "2"] * 6, [{"answer": "1"}] * 12) == [1.0, 0.0] * 6
+        assert most == limit
+
+
+def test_workers_0_scores_in_the_servers_process_and_allow_no_token_serves_every_address(start_server):
+    import psutil
+
+    server = start_server("--scorer", "exact_match", "--workers", "0", "--host", "0.0.0.0", "--allow-no-token")
+    assert _score(server, "exact_match", ["1"], metadata=[{"answer": "1"}]).json() == {"rewards": [1.0]}
+    assert psutil.Process(server.proc.pid).children(recursive=True) == [], "no scorer process with --workers 0"
