@@ -23,6 +23,7 @@ TEMPLATE = (
 
 def write_formats(tmp_path: Path) -> dict[str, Path]:
     import datasets
+    import pyarrow as pa
 
     ds = datasets.Dataset.from_list(ROWS)
     out = {"jsonl": tmp_path / "rows.jsonl", "parquet": tmp_path / "rows.parquet", "csv": tmp_path / "rows.csv"}
@@ -36,10 +37,13 @@ def write_formats(tmp_path: Path) -> dict[str, Path]:
     out["folder"] = tmp_path / "folder"
     out["folder"].mkdir()
     ds.to_parquet(str(out["folder"] / "part-0.parquet"))
+    out["arrow"] = tmp_path / "rows.arrow"  # an Arrow IPC stream, as datasets' arrow builder reads it
+    with pa.OSFile(str(out["arrow"]), "wb") as sink, pa.ipc.new_stream(sink, ds.data.table.schema) as writer:
+        writer.write_table(ds.data.table)
     return out
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "saved", "folder"])
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "arrow", "saved", "folder"])
 def test_every_format_datasets_reads_loads_the_same_rows(tmp_path: Path, kind: str):
     source = write_formats(tmp_path)[kind]
     rows = load_split(DataConfig(train_path=str(source)), "train")
@@ -96,6 +100,31 @@ def test_chat_message_prompts_are_rendered_token_for_token_with_the_template(tok
     assert plain == tok("Add 2+3.", add_special_tokens=False)["input_ids"] and text == "Add 2+3."
     with pytest.raises(InputError, match="the tokenizer has no chat template"):
         render_prompt(tokenizer, DataConfig(), messages)
+
+
+def test_a_dataset_name_loads_from_the_local_datasets_cache_offline(tmp_path: Path, monkeypatch):
+    """The datasets cache's own layout (ORG___NAME/default/0.0.0/HASH with NAME-train.arrow), as ``load_dataset``
+    of a Hub dataset leaves it; nothing is downloaded."""
+    import datasets
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    cache = tmp_path / "datasets"
+    source = write_formats(tmp_path)["parquet"]
+    builder = Parquet(
+        cache_dir=str(cache), dataset_name="someone___rows", data_files={"train": str(source)}, hash="0" * 16
+    )
+    builder.download_and_prepare()
+    (built,) = (cache / "someone___rows").glob("default-*")  # a local build's config id: rename to a download's
+    built.rename(cache / "someone___rows" / "default")
+    folder = cache / "someone___rows" / "default" / "0.0.0" / ("0" * 16)
+    (folder / "someone___rows-train.arrow").rename(folder / "rows-train.arrow")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    rows = load_split(DataConfig(train_path="someone/rows"), "train")
+    assert [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows] == ROWS
+    with pytest.raises(
+        ConfigError, match=r"'someone/absent' is neither a file or folder .* nor a dataset in the local"
+    ):
+        load_split(DataConfig(train_path="someone/absent"), "train")
 
 
 def test_a_model_id_resolves_from_the_local_hugging_face_cache_offline(tmp_path: Path, monkeypatch, tiny_model_path):
