@@ -165,6 +165,8 @@ def test_sft_with_lora_certifies_as_an_algorithm(ray_session, rl_registry, tmp_p
     card = certify_algorithm(rl_registry.get(AlgorithmSpec, "sft"), rl_registry, tmp_path, overrides=overrides)
     assert card.passed, [(r.check, r.measured, r.detail) for r in card.results if not r.passed]
     assert (tmp_path / "straight" / "final" / "adapter" / "adapter_config.json").is_file()
+    (resume,) = [r for r in card.results if r.check.startswith("resumed from the step-1 checkpoint")]
+    assert resume.measured.endswith("step_000002 and final/ back"), resume.measured
 
 
 def test_a_named_reference_model_is_the_reference_even_with_lora(

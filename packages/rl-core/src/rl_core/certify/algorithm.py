@@ -65,7 +65,7 @@ def certify_algorithm(
     card.run(f"{STEPS} steps run, each logs finite metrics", "rows 1..2, all finite", partial(check_steps, case, rows))
     card.run("a checkpoint after every step, the final policy exported", "all there", partial(check_outputs, case))
     card.run(
-        "resumed from the step-1 checkpoint, step 2's metrics are the same",
+        "resumed from the step-1 checkpoint, step 2's metrics are the same, its checkpoint and final/ saved",
         "equal (timings aside)",
         partial(check_resume, case, rows),
     )
@@ -97,14 +97,18 @@ def check_outputs(case: AlgorithmCase) -> Outcome:
 
 
 def check_resume(case: AlgorithmCase, rows: Mapping[int, Mapping[str, float]]) -> Outcome:
-    """The straight run's folder as a run killed after step 1 leaves it, run again: it resumes and trains step 2."""
+    """The straight run's folder as a run killed after step 1 leaves it, run again: it resumes, trains step 2 to
+    the same metrics, and saves step 2's checkpoint and ``final/`` again."""
     killed = case.work / "resumed"
     shutil.copytree(case.work / "straight", killed)
-    for later in (f"checkpoints/step_{STEPS:06d}", "final", COMPLETE):
-        path = killed / later
+    later = (killed / "checkpoints" / f"step_{STEPS:06d}", killed / "final", killed / COMPLETE)
+    for path in later:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     again = _rows(case.run("resumed")).get(STEPS, {})
     want = rows.get(STEPS, {})
     keys = sorted(k for k in want if not any(t in k for t in _TIMING))
     differ = [k for k in keys if not math.isclose(float(again.get(k, math.nan)), float(want[k]), rel_tol=1e-6)]
-    return not differ and bool(keys), f"{len(keys) - len(differ)}/{len(keys)} equal", ", ".join(differ)[:300]
+    missing = [str(p.relative_to(killed)) for p in later[:2] if not p.is_dir()]
+    ok = not differ and bool(keys) and not missing
+    saved = f"{', '.join(missing)} not saved" if missing else f"{later[0].name} and final/ back"
+    return ok, f"{len(keys) - len(differ)}/{len(keys)} equal; {saved}", ", ".join(differ)[:300]
