@@ -26,6 +26,7 @@ import torch
 from harness import alternate, stats, write
 
 from rl_core.contracts import batch as B
+from rl_core.contracts import tokens as T
 from rl_core.training.losses import NLLLoss
 
 ROWS, LENGTH, MICRO, LR = 16, 1024, 4, 1e-5
@@ -82,7 +83,7 @@ class Bare:
             mb = B.to_device(mb, "cuda")
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
-                loss, _ = loss_fn(mb, B.token_logprobs(logits, mb["input_ids"]), normalizer)
+                loss, _ = loss_fn(mb, T.token_logprobs(logits, mb["input_ids"]), normalizer)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

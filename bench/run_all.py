@@ -16,6 +16,7 @@ BENCHMARKS = [
     "lora.py",
     "profile_train.py",
     "loss_variants.py",
+    "shortcut_check.py",
 ]
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 from harness import alternate, fmt, kept_results, stats, this_run, write
 
 from rl_core.contracts import batch as B
+from rl_core.contracts import tokens as T
 from rl_core.data.tiny_models import ensure_tiny_model
 
 LR = 1e-5
@@ -130,7 +131,7 @@ class Bare:
             logits = self.model(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
             ).logits
-            B.token_logprobs(logits, batch["input_ids"])
+            T.token_logprobs(logits, batch["input_ids"])
             out.append(time.perf_counter() - start)
         return out
 
@@ -146,7 +147,7 @@ class Bare:
                 logits = self.model(
                     input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False
                 ).logits
-                loss, _ = loss_fn(mb, B.token_logprobs(logits, mb["input_ids"]), normalizer)
+                loss, _ = loss_fn(mb, T.token_logprobs(logits, mb["input_ids"]), normalizer)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()

@@ -74,14 +74,15 @@ def assert_same(a, b, atol=3e-6):
 SGD = ("policy.optimizer.name=sgd", "policy.optimizer.lr=0.01", "policy.max_grad_norm=null")
 
 
-def sgd_update(rl_registry, model: Path, run: Path, batch, *extra: str) -> tuple[dict, torch.Tensor]:
-    """One SGD step of a fresh backend on ``batch``: the weights' update (fp32) and the logprobs after it."""
+def sgd_update(rl_registry, model: Path, run: Path, batch, *extra: str) -> tuple[dict, torch.Tensor, dict]:
+    """One SGD step of a fresh backend on ``batch``: the weights' update (fp32), the logprobs after it and the
+    step's metrics."""
     backend = make_backend(rl_registry, model, run, *SGD, *extra)
     try:
         before = weights(backend)
-        backend.train(batch, ClippedPGLoss(cfg=LossConfig()))
+        metrics = backend.train(batch, ClippedPGLoss(cfg=LossConfig()))
         after = weights(backend)
-        return {k: before[k].float() - after[k].float() for k in before}, backend.logprobs(batch)
+        return {k: before[k].float() - after[k].float() for k in before}, backend.logprobs(batch), metrics
     finally:
         backend.shutdown()
 
@@ -106,12 +107,24 @@ def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry
         "1 rank mb1": ["policy.train_micro_batch_size=1"],
         "1 rank mb4, rows whole": ["policy.dtensor_cfg.shared_prefix=false"],
     }.items():
-        runs[name] = sgd_update(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), batch, *extra)[0]
-    assert relative_gap(runs["2 ranks mb4"], runs["1 rank mb4"]) <= 1e-5
+        runs[name] = sgd_update(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), batch, *extra)
+    update = {name: run[0] for name, run in runs.items()}
+    assert relative_gap(update["2 ranks mb4"], update["1 rank mb4"]) <= 1e-5
     # rows 0 and 3 of each rank's micro-batch of 4 share their prompt, which runs once (dtensor_cfg.shared_prefix);
     # one row per micro-batch or rows whole run it for each row
-    assert relative_gap(runs["1 rank mb1"], runs["1 rank mb4"]) <= 1e-5
-    assert relative_gap(runs["1 rank mb4, rows whole"], runs["1 rank mb4"]) <= 1e-5
+    assert relative_gap(update["1 rank mb1"], update["1 rank mb4"]) <= 1e-5
+    assert relative_gap(update["1 rank mb4, rows whole"], update["1 rank mb4"]) <= 1e-5
+    # sharing ran, on two ranks as on one (fewer tokens through the model, summed over the ranks), after the
+    # start-up check passed it on every rank; the comparisons above are not of the plain path with itself
+    tokens = {name: run[2]["forward_tokens"] for name, run in runs.items()}
+    assert tokens["2 ranks mb4"] < tokens["1 rank mb4, rows whole"], tokens
+    assert tokens["1 rank mb4"] < tokens["1 rank mb4, rows whole"], tokens
+    for name in ("1 rank mb4", "2 ranks mb4"):
+        assert (
+            runs[name][2]["shortcut/shared_prefix/on"] == 1.0
+            and runs[name][2]["shortcut/shared_prefix/grad_gap"] < 1e-5
+        )
+    assert "shortcut/shared_prefix/on" not in runs["1 rank mb4, rows whole"][2]
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
@@ -230,6 +243,12 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
     skipped = [r for r in card.results if r.skipped]
     assert [r.check for r in skipped] == ["loss and gradients are the same with four data-parallel ranks"]
     assert "needs 4 ranks; the backend declares max_ranks=2" in skipped[0].detail
+    shortcuts = {r.check: r.measured for r in card.results if r.check.startswith("start-up check of shortcut")}
+    assert sorted(shortcuts) == [
+        f"start-up check of shortcut {name} against whole rows"
+        for name in ("logits_at_loss_positions", "sequence_packing", "shared_prefix")
+    ]
+    assert all(m.startswith("on: logprob ") for m in shortcuts.values()), shortcuts
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)

@@ -138,7 +138,7 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
         adapted = PeftModel.from_pretrained(base_model, tmp_path / "hf" / "adapter").eval()
         with torch.no_grad():
             logits = adapted(input_ids=nll["input_ids"], attention_mask=nll["attention_mask"]).logits
-        from rl_core.contracts.batch import token_logprobs
+        from rl_core.contracts.tokens import token_logprobs
 
         assert float((token_logprobs(logits, nll["input_ids"]) * nll["loss_mask"] - policy).abs().max()) <= 1e-5
 

@@ -2,7 +2,7 @@
 give the same logprobs, losses and gradients as logits everywhere: padded and packed rows, a model that soft-caps
 its logits (Gemma 2), LoRA adapters, chunked log-softmax, and a model whose forward lacks ``logits_to_keep``.
 
-The worker's forward runs in-process (one rank, no process group): the same code each rank runs under Ray."""
+The forward runs in-process (one rank, no process group): the same code each rank runs under Ray."""
 
 from typing import Any
 
@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rl_backend_dtensor.config import DTensorConfig
-from rl_backend_dtensor.worker import DTensorWorker
-from rl_core.base.schema import LoraConfig, LossConfig, PolicyConfig
+from rl_backend_dtensor.forward import ModelForward
+from rl_core.base.schema import LoraConfig, LossConfig
 from rl_core.contracts import batch as B
 from rl_core.contracts import lora
+from rl_core.contracts import tokens as T
 from rl_core.training.losses import ClippedPGLoss
 
 VOCAB = 300
@@ -66,22 +67,20 @@ def rl_batch() -> B.Batch:
     }
 
 
-def worker(packing: bool, chunk: int | None) -> DTensorWorker:
-    cfg = DTensorConfig(
-        sequence_packing=packing, logprob_chunk_tokens=chunk, threads_per_worker=torch.get_num_threads()
-    )
-    policy = PolicyConfig(model_name="unused")
-    return DTensorWorker(rank=0, world_size=1, model_path="unused", policy=policy, cfg=cfg, seed=0, device="cpu")
+def forward_of(model: Any, packing: bool = False, chunk: int | None = None, **cfg: Any) -> ModelForward:
+    config = DTensorConfig(sequence_packing=packing, logprob_chunk_tokens=chunk, **cfg)
+    return ModelForward(model, config, "lm", torch.device("cpu"))
 
 
-def step(w: DTensorWorker, model: Any, batch: B.Batch, loss_only: bool) -> tuple[torch.Tensor, Any, dict, int]:
+def step(fwd: ModelForward, batch: B.Batch) -> tuple[torch.Tensor, Any, dict, int]:
     """One loss and backward; also how many positions the output layer ran at."""
+    model = fwd.model
     model.zero_grad(set_to_none=True)
     loss_fn = ClippedPGLoss(cfg=LossConfig(reference_policy_kl_penalty=0.1))
     head = (model.inner if isinstance(model, NoLogitsToKeep) else model).get_output_embeddings()
     widths: list[int] = []
     hook = head.register_forward_hook(lambda _m, _i, out: widths.append(out.shape[-2]))
-    logprobs = w._logprobs(model, batch, loss_only=loss_only)
+    logprobs = fwd.logprobs(batch)
     hook.remove()
     loss, _ = loss_fn(batch, logprobs, loss_fn.count(batch))
     loss.backward()
@@ -109,13 +108,20 @@ def test_logits_at_loss_positions_give_the_same_loss_and_gradients(kind, packing
         for name, p in model.named_parameters():  # adapters start at B = 0: move them so their gradients show
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.1)
-    w, batch = worker(packing, chunk), rl_batch()
+    batch = rl_batch()
     mask = batch["loss_mask"].bool()
-    full_lp, full_loss, full_grads, full_width = step(w, model, batch, loss_only=False)
-    lp, loss, grads, width = step(w, model, batch, loss_only=True)
+    full_lp, full_loss, full_grads, full_width = step(
+        forward_of(model, packing, chunk, logits_at_loss_positions=False), batch
+    )
+    fwd = forward_of(model, packing, chunk)
+    lp, loss, grads, width = step(fwd, batch)
 
     if kind == "plain-forward":
         assert width == full_width
+        assert fwd.off == {
+            "logits_at_loss_positions": "NoLogitsToKeep.forward takes no logits_to_keep",
+            "shared_prefix": "it needs logits_at_loss_positions",
+        }
     else:  # the union of the rows' response positions (packed: exactly the response tokens), not 22
         assert width == int(batch["loss_mask"].sum() if packing else batch["loss_mask"].any(0).sum())
 
@@ -133,11 +139,11 @@ def test_full_logprobs_match_hugging_face_with_packing():
     """Outside training (``logprobs()``), every real position is computed, packed or not."""
     model, batch = tiny("llama"), rl_batch()
     with torch.no_grad():
-        hf = B.token_logprobs(
+        hf = T.token_logprobs(
             model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["input_ids"]
         )
         for packing in (False, True):
-            ours = worker(packing, None)._logprobs(model, batch)
+            ours = forward_of(model, packing, logits_at_loss_positions=False).logprobs(batch)
             assert float((ours - hf * batch["attention_mask"]).abs().max()) < 1e-5
 
 
@@ -146,7 +152,6 @@ def test_a_micro_batch_without_loss_positions_still_reaches_every_weight():
     (FSDP reduces every gradient), with zero gradients."""
     model, batch = tiny("llama"), rl_batch()
     inert = {**batch, "loss_mask": torch.zeros_like(batch["loss_mask"])}
-    w = worker(False, None)
-    lp = w._logprobs(model, inert, loss_only=True)
+    lp = forward_of(model).logprobs(inert)
     (lp.sum() * 0).backward()
     assert all(p.grad is not None and float(p.grad.abs().max()) == 0 for p in model.parameters())

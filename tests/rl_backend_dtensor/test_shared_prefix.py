@@ -2,7 +2,7 @@
 (``dtensor_cfg.shared_prefix``, the default): the same logprobs, losses and gradients as the whole rows, with fewer
 tokens through the model; and the plain path where sharing cannot apply.
 
-The worker's forward runs in-process (one rank, no process group): the same code each rank runs under Ray; two
+The forward runs in-process (one rank, no process group): the same code each rank runs under Ray; two
 FSDP2 ranks are compared in test_dtensor.py."""
 
 import contextlib
@@ -14,10 +14,12 @@ import torch
 from test_loss_positions import VOCAB, tiny
 
 from rl_backend_dtensor.config import DTensorConfig
+from rl_backend_dtensor.forward import ModelForward
 from rl_backend_dtensor.worker import DTensorWorker
 from rl_core.base.schema import LoraConfig, LossConfig, PolicyConfig
 from rl_core.contracts import batch as B
 from rl_core.contracts import lora
+from rl_core.contracts import tokens as T
 from rl_core.training.losses import ClippedPGLoss
 
 
@@ -65,12 +67,17 @@ def counting_tokens(model: Any) -> Iterator[list[int]]:
         hook.remove()
 
 
-def step(w: DTensorWorker, model: Any, batch: B.Batch) -> tuple[torch.Tensor, torch.Tensor, dict, int]:
+def forward_of(model: Any, **cfg: Any) -> ModelForward:
+    return ModelForward(model, DTensorConfig(**cfg), "lm", torch.device("cpu"))
+
+
+def step(fwd: ModelForward, batch: B.Batch) -> tuple[torch.Tensor, torch.Tensor, dict, int]:
     """One loss and backward at loss positions; also how many tokens went through the model."""
+    model = fwd.model
     model.zero_grad(set_to_none=True)
     loss_fn = ClippedPGLoss(cfg=LossConfig(reference_policy_kl_penalty=0.1))
     with counting_tokens(model) as tokens:
-        logprobs = w._logprobs(model, batch, loss_only=True)
+        logprobs = fwd.logprobs(batch)
     loss, _ = loss_fn(batch, logprobs, loss_fn.count(batch))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -100,8 +107,8 @@ def test_shared_prefixes_give_the_same_loss_and_gradients_from_fewer_tokens(adap
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.1)
     batch = grouped_batch()
-    shared = step(worker(logprob_chunk_tokens=chunk), model, batch)
-    plain = step(worker(logprob_chunk_tokens=chunk, shared_prefix=False), model, batch)
+    shared = step(forward_of(model, logprob_chunk_tokens=chunk), batch)
+    plain = step(forward_of(model, logprob_chunk_tokens=chunk, shared_prefix=False), batch)
     assert_same(shared, plain, batch["loss_mask"].bool())
     # each distinct beginning once (4: three prompts and the lone row's, padded to the longest, 19 tokens: a
     # prompt's last token starts its rows' suffixes), then the rows' suffixes (padded to the longest, 9)
@@ -116,10 +123,10 @@ def test_the_logprob_pass_shares_prefixes_too():
     mask = batch["loss_mask"].bool()
     with torch.no_grad():
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    expected = B.token_logprobs(logits, batch["input_ids"])
+    expected = T.token_logprobs(logits, batch["input_ids"])
     for cfg in ({}, {"dynamic_batching": True, "max_tokens_per_microbatch": 64}):
         w = worker(**cfg)
-        w.model = model
+        w.model, w.forward = model, forward_of(model, **cfg)
         with counting_tokens(model) as tokens:
             ours = w.logprobs(batch)
         assert sum(tokens) < batch["attention_mask"].sum(), "fewer tokens than the rows' own: prompts shared"
@@ -127,16 +134,17 @@ def test_the_logprob_pass_shares_prefixes_too():
         assert (ours[~mask] == 0).all()
 
 
-def test_sharing_needs_a_model_that_attends_through_a_full_cache():
+def test_sharing_is_decided_once_per_model_with_the_reason_when_it_cannot_apply():
     """Gemma 2 alternates sliding-window layers: its rows run whole (and agree with the plain path)."""
     model, batch = tiny("gemma2"), grouped_batch()
-    w = worker()
-    assert not w._shares_prefixes(model, loss_only=True)
-    assert w._shares_prefixes(tiny("llama"), loss_only=True)
-    assert not w._shares_prefixes(tiny("llama"), loss_only=False), "logits everywhere: prompts are needed"
+    gemma = forward_of(model)
+    assert not gemma.paths.shared_prefix and "sliding-window attention" in gemma.off["shared_prefix"]
+    assert forward_of(tiny("llama")).paths.shared_prefix and not forward_of(tiny("llama")).off
+    everywhere = forward_of(tiny("llama"), logits_at_loss_positions=False)  # logits everywhere: prompts are needed
+    assert everywhere.off == {"shared_prefix": "it needs logits_at_loss_positions"}
     checkpointed = tiny("llama")
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert not w._shares_prefixes(checkpointed, loss_only=True)
-    shared, plain = step(w, model, batch), step(worker(shared_prefix=False), model, batch)
+    assert forward_of(checkpointed).off == {"shared_prefix": "activation_checkpointing"}
+    shared, plain = step(gemma, batch), step(forward_of(model, shared_prefix=False), batch)
     assert shared[3] == plain[3]
     assert_same(shared, plain, batch["loss_mask"].bool())

@@ -6,6 +6,7 @@ import torch
 
 from rl_core.base.schema import LossConfig
 from rl_core.contracts import batch as B
+from rl_core.contracts import tokens as T
 from rl_core.training.losses import ClippedPGLoss, DPOLoss, NLLLoss
 
 
@@ -42,7 +43,7 @@ def loss_and_grads(model, loss_fn, batch, ranks: int, micro: int):
     total = 0.0
     for shard in B.split(batch, ranks, loss_fn.group_size):
         for mb in B.micro_batches(shard, micro, loss_fn.group_size):
-            logprobs = B.token_logprobs(model(mb["input_ids"]), mb["input_ids"]) * mb["attention_mask"]
+            logprobs = T.token_logprobs(model(mb["input_ids"]), mb["input_ids"]) * mb["attention_mask"]
             loss, _ = loss_fn(mb, logprobs, normalizer)
             loss.backward()  # gradients of all micro-batches and ranks add up (as an all-reduce sum would)
             total += float(loss.detach())

@@ -117,6 +117,35 @@ def test_refit_updates_the_engine_in_place(engine, backend, tokenizer, route, re
     assert max_gap(after, backend.reference_logprobs(after)) > 1e-2  # and visibly not with the old ones
 
 
+def test_a_refit_of_lora_adapters_alone_is_merged_in_the_engine(
+    ray_session, engine, async_engine, engine_test_config, tokenizer, restore_engine
+):
+    """With ``policy.lora`` the engine is sent the adapters alone (``RefitRoute.adapters_only``), merged onto the base
+    weights in each vLLM worker: afterwards it generates with the trained adapters, as the LoRA backend scores."""
+    if async_engine:
+        pytest.skip("one vLLM flavour is enough: both pass the payload to the same RefitExtension.rl_refit")
+    from rl_backend_dtensor.backend import make_backend
+
+    config = engine_test_config("policy.lora.enabled=true", "policy.lora.rank=4")
+    scale = config.policy.lora.scale
+    lora_backend = make_backend(config, config.section("policy.dtensor_cfg"))
+    restore_engine(engine)
+    try:
+        in_engine_actor(engine, lambda worker: setattr(worker, "adapter_scale", scale))  # as make_engine sets it
+        _, batch = rollouts_and_batch(engine, tokenizer, seed=4)
+        lora_backend.train(batch, NLLLoss())
+        route = RefitRoute(kind="object_store", receivers=tuple(engine.weight_receivers()), adapters_only=True)
+        payload = lora_backend.weights_for_refit(route)
+        stats = engine.update_weights(payload)
+        assert 0 < stats.num_tensors < 100 and stats.num_bytes < 1_000_000, "the adapters alone travel"
+        _, after = rollouts_and_batch(engine, tokenizer, seed=5)
+        assert max_gap(after, lora_backend.logprobs(after)) < 1e-4  # the merged adapters, as the backend has them
+        assert max_gap(after, lora_backend.reference_logprobs(after)) > 1e-2  # and not the base alone
+    finally:
+        in_engine_actor(engine, lambda worker: setattr(worker, "adapter_scale", None))
+        lora_backend.shutdown()
+
+
 def test_the_in_process_engine_decodes_on_every_core_of_its_actor(engine, async_engine):
     """Ray starts actors with OMP_NUM_THREADS=1; the in-process CPU engine would keep it (1.6x slower decoding on
     2 cores). The async engine's core is another process, threaded by vLLM itself."""

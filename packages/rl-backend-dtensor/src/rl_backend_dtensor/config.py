@@ -29,6 +29,10 @@ class DTensorConfig:
     #: tokens and the rows per prompt). Needs ``logits_at_loss_positions``; not with ``sequence_packing`` or
     #: ``activation_checkpointing``, nor for models with sliding-window layers (the plain path runs there).
     shared_prefix: bool = True
+    #: before the first step, compare each shortcut above that the model takes with whole rows on a small
+    #: synthetic batch (logprobs and every parameter's gradient) and turn off, with a warning, any that differs
+    #: on this model; its figures are the first step's ``train/shortcut/...`` metrics. Off: trust them unchecked.
+    check_shortcuts: bool = True
     #: micro-batches by token budget instead of a fixed row count: rows longest first, each micro-batch trimmed to
     #: its longest row, so little padding is computed where lengths vary (the same results up to float rounding).
     dynamic_batching: bool = False

@@ -6,7 +6,8 @@ import it. What is not re-exported here is internal and may change between minor
 
 - Registration: ``hookimpl`` and the records a registration hook returns (``TrainingBackendSpec``, ...).
 - Contracts: the protocols a component implements and the records it exchanges with the core.
-- Batches: the ``batch`` helpers module and its ``TypedDict``s. Every batch: ``input_ids`` [B, T] long (right
+- Batches: the ``batch`` helpers module (layout, shards, micro-batches, padding) and its ``TypedDict``s; ``tokens``
+  (log-probabilities from logits, packing, shared-prefix splits) for backends that run the model themselves. Every batch: ``input_ids`` [B, T] long (right
   padded), ``attention_mask`` [B, T], ``loss_mask`` [B, T] float (1 where the loss counts); policy-gradient rows add
   ``advantages``, ``generation_logprobs``, ``prev_logprobs``, ``reference_logprobs`` ([B, T] each) and
   ``sample_mask`` [B]; DPO rows (chosen, rejected interleaved) add ``reference_logprobs``.
@@ -41,7 +42,7 @@ from rl_core.base.schema import (
     SchedulerConfig,
 )
 from rl_core.config.loader import structure_section
-from rl_core.contracts import batch, lora
+from rl_core.contracts import batch, lora, tokens
 from rl_core.contracts.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
 from rl_core.contracts.protocols import (
     Environment,
@@ -211,5 +212,6 @@ __all__ = [
     "start_replicas",
     "structure_section",
     "thread_budget",
+    "tokens",
     "validate_rollouts",
 ]

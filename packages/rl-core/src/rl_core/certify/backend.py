@@ -55,6 +55,8 @@ class Gradients:
     batch: PolicyGradientBatch
     loss_fn: LossFunction[Any]
     _plain: tuple[Weights, float] | None = None
+    #: what the backends reported of their start-up checks of their shortcuts (``shortcut/NAME/...`` metrics)
+    shortcuts: dict[str, float] = attrs.Factory(dict)
 
     def step(self, overrides: Sequence[str]) -> tuple[Weights, float]:
         """The update of the trained parameters (with LoRA the adapters', in which the update is the gradient; the
@@ -62,8 +64,9 @@ class Gradients:
         backend = self.make([*self.sgd, *overrides])
         try:
             start = weights_of(backend, trained=True)
-            loss = backend.train(self.batch, self.loss_fn)["loss"]
-            return {k: start[k] - v for k, v in weights_of(backend, trained=True).items()}, loss
+            metrics = backend.train(self.batch, self.loss_fn)
+            self.shortcuts.update({k: v for k, v in metrics.items() if k.startswith("shortcut/")})
+            return {k: start[k] - v for k, v in weights_of(backend, trained=True).items()}, metrics["loss"]
         finally:
             backend.shutdown()
 
@@ -126,7 +129,28 @@ def certify_backend(
         card.run(check, bound, partial(check_invariance, grads, overrides))
     if wanted(CLIPPING):
         card.run(CLIPPING, "<= 1e-05 (relative)", partial(check_clipping, grads))
+    report_shortcuts(grads.shortcuts, card)
     return card
+
+
+def report_shortcuts(metrics: Mapping[str, float], card: Card) -> None:
+    """One line per shortcut a backend checked at start-up against whole rows (``shortcut/NAME/on``, its gaps): on
+    (exact on this model) or off for the run. Either is correct behaviour; the line says which, and by how much."""
+    names = sorted({k.split("/")[1] for k in metrics if k.startswith("shortcut/") and k.endswith("/on")})
+    for name in names:
+        on = metrics[f"shortcut/{name}/on"] == 1.0
+        gaps = ", ".join(
+            f"{kind} {metrics[f'shortcut/{name}/{kind}_gap']:.1e}"
+            for kind in ("logprob", "grad")
+            if f"shortcut/{name}/{kind}_gap" in metrics
+        )
+        seen = f"{'on' if on else 'off for the run'}: {gaps}"
+        card.run(f"start-up check of shortcut {name} against whole rows", "exact, or off", partial(_shown, seen))
+
+
+def _shown(seen: str) -> tuple[bool, str]:
+    """A start-up check's outcome as certify shows it: passed either way (off is correct), its line says which."""
+    return True, seen
 
 
 def _single_backend_checks(

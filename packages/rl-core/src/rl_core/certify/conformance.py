@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.base.errors import InputError
-from rl_core.contracts.batch import TokenBatch, pad_rows, token_logprobs
+from rl_core.contracts.batch import TokenBatch, pad_rows
 from rl_core.contracts.protocols import RewardSource, RolloutEngine, SamplingParams, TrainingBackend
 from rl_core.contracts.refit import RefitRoute, receive_weights
+from rl_core.contracts.tokens import token_logprobs
 from rl_core.training.losses import NLLLoss
 
 PROMPTS = ["Q: 3 + 4 = ? A:", "Sort the digits 9 1 4. Answer:", "the answer is"]

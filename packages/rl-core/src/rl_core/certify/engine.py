@@ -26,9 +26,9 @@ from rl_core.certify.card import (
     gap,
 )
 from rl_core.contracts import lora
-from rl_core.contracts.batch import token_logprobs
 from rl_core.contracts.protocols import RolloutEngine, SamplingParams
 from rl_core.contracts.refit import RefitRoute, RefitSender, checksums_match
+from rl_core.contracts.tokens import token_logprobs
 from rl_core.training.rollouts import rollout_batch
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Batches: dicts of tensors with a known set of keys, and the helpers that split, pad and pack them.
+"""Batches: dicts of tensors with a known set of keys, their layout rule, and the helpers that split and pad them.
 
 Every tensor in a batch has the rows as its first dimension. Token tensors are right-padded ``[B, T]``; a
 log-probability at position ``t`` is ``log p(x_t | x_<t)`` and position 0 holds 0.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
-import attrs
+from rl_core.base.errors import InputError
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +60,35 @@ class ValueBatch(TokenBatch, total=False):
 
 #: a batch a training backend trains on: a ``TokenBatch`` or one that extends it.
 TokenBatchT = TypeVar("TokenBatchT", bound=TokenBatch)
+
+#: how to build batches that keep the contract
+_PAD_ADVICE = "build rows with rl_core.api.batch.pad_rows (tokens first, then padding)"
+
+
+def check_layout(batch: Mapping[str, Any]) -> None:
+    """The token layout every backend relies on, checked where a batch enters a backend (a third-party algorithm
+    builds batches too): ``input_ids``, ``attention_mask`` and ``loss_mask`` of one shape ``[B, T]``; each row's
+    tokens first, then its padding (right padding: positions are counted from the row's start; a left-padded row
+    would run with shifted positions, and share its padding as prompt); a loss only on tokens. An error names the
+    rule and the first row that breaks it."""
+    missing = [k for k in ("input_ids", "attention_mask", "loss_mask") if k not in batch]
+    if missing:
+        raise InputError(f"a batch needs {', '.join(missing)} (keys are {sorted(batch)})")
+    shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "attention_mask", "loss_mask")}
+    if len(set(shapes.values())) > 1 or len(shapes["input_ids"]) != 2:
+        raise InputError(f"input_ids, attention_mask and loss_mask must have one shape [B, T]; they have {shapes}")
+    attn = batch["attention_mask"].bool()
+    rising = (attn[:, 1:] & ~attn[:, :-1]).any(1)  # a token after padding
+    if bool(rising.any()):
+        row = int(rising.nonzero()[0])
+        raise InputError(
+            f"batch row {row} is not right-padded: its attention_mask has a token after padding "
+            f"({attn[row].int().tolist()[:24]}...); every row must be its tokens, then padding: {_PAD_ADVICE}"
+        )
+    outside = (batch["loss_mask"].bool() & ~attn).any(1)
+    if bool(outside.any()):
+        row = int(outside.nonzero()[0])
+        raise InputError(f"batch row {row} has loss_mask set on padding (where attention_mask is 0): {_PAD_ADVICE}")
 
 
 def to_device(batch: BatchT, device: torch.device | str) -> BatchT:
@@ -173,128 +202,3 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, width: int | None = Non
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return ids, mask
-
-
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Sequence packing: the real tokens of all rows in one row ``[1, N]`` with per-document ``position_ids``,
-    and each row's length (to unpack with ``unpack``)."""
-    import torch
-
-    lengths = attention_mask.sum(1).tolist()
-    ids = torch.cat([input_ids[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0)
-    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-    return ids, pos, lengths
-
-
-def unpack(values: torch.Tensor, lengths: Sequence[int], width: int) -> torch.Tensor:
-    """Inverse of ``pack`` for a ``[1, N]`` per-token tensor: ``[B, width]``, zero-padded."""
-
-    out = values.new_zeros((len(lengths), width))
-    offset = 0
-    for i, n in enumerate(lengths):
-        out[i, :n] = values[0, offset : offset + n]
-        offset += n
-    return out
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
-    """``[B, T]`` log p(x_t | x_<t) from ``logits [B, T, V]``; position 0 holds 0 (``picked_logprobs`` with the
-    targets one position on)."""
-    import torch
-
-    return torch.nn.functional.pad(picked_logprobs(logits[:, :-1], input_ids[:, 1:], chunk_tokens), (1, 0))
-
-
-def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
-    """``[B, K]`` log-softmax of ``logits [B, K, V]`` at ``targets [B, K]``, in float32.
-
-    With ``chunk_tokens``, each row is done ``chunk_tokens`` positions at a time under activation checkpointing,
-    so that neither a float32 copy of the whole ``[B, K, V]`` logits nor the softmax of it is ever held (for a
-    150k vocabulary, 16 x 1024 tokens: 10 GB each); values and gradients are the same."""
-    import torch
-
-    if chunk_tokens is None:
-        return _chunk_logprobs(logits, targets)
-    from torch.utils.checkpoint import checkpoint
-
-    rows = []
-    for b in range(logits.shape[0]):
-        parts = [
-            checkpoint(
-                _chunk_logprobs,
-                logits[b, s : s + chunk_tokens],
-                targets[b, s : s + chunk_tokens],
-                use_reentrant=False,
-            )
-            for s in range(0, logits.shape[1], chunk_tokens)
-        ]
-        rows.append(torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32))
-    return torch.stack(rows)  # [B, K]
-
-
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[..., n]`` log-probabilities of ``targets [..., n]`` under ``logits [..., n, V]``, in float32."""
-    import torch
-
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def document_interiors(lengths: Sequence[int]) -> torch.Tensor:
-    """``[1, N]`` float over a packed row of documents of ``lengths``: 0 at each document's first token, else 1
-    (the tokens a packed forward pass predicts from their own document)."""
-    import torch
-
-    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
-    keep = torch.ones((1, sum(lengths)), dtype=torch.float32)
-    keep[0, starts] = 0.0
-    return keep
-
-
-@attrs.frozen(kw_only=True)
-class SharedPrefixes:
-    """Rows cut where their loss begins, each distinct beginning kept once (``split_shared_prefixes``).
-
-    A row ``r`` is its prefix ``prefix_ids[row_prefix[r]]`` (the tokens before the position that predicts its
-    first loss token: a GRPO group's prompt, a DPO pair's) followed by its suffix, the row's columns
-    ``suffix_index[r]`` from that position on."""
-
-    prefix_ids: torch.Tensor  # [U, P] long, the distinct prefixes, right-padded
-    prefix_mask: torch.Tensor  # [U, P] long, 1 on their real tokens
-    row_prefix: torch.Tensor  # [B] long, the prefix each row begins with
-    suffix_index: torch.Tensor  # [B, S] long, the row's column of each suffix position (clamped past its end)
-    suffix_mask: torch.Tensor  # [B, S] long, 1 on real suffix tokens
-
-
-def split_shared_prefixes(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, need: torch.Tensor
-) -> SharedPrefixes | None:
-    """Rows ``[B, T]`` as distinct prefixes and per-row suffixes, where ``need [B, T]`` marks the tokens whose
-    logprob is wanted: a row's prefix ends before the position that predicts its first wanted token (a row without
-    one keeps its last token as its suffix). None when there is nothing to share: no two rows begin with the same
-    prefix, or some row's prefix is empty."""
-    import torch
-
-    device = input_ids.device
-    input_ids, attention_mask, need = input_ids.cpu(), attention_mask.cpu(), need.cpu()  # one copy, read here
-    lengths = attention_mask.sum(1).tolist()
-    wanted = need > 0
-    firsts = wanted.float().argmax(1).tolist()
-    starts = [int(f) - 1 if bool(wanted[r].any()) else lengths[r] - 1 for r, f in enumerate(firsts)]
-    if min(starts) < 1:
-        return None
-    distinct: dict[tuple[int, ...], int] = {}
-    row_prefix = [distinct.setdefault(tuple(input_ids[r, :s].tolist()), len(distinct)) for r, s in enumerate(starts)]
-    if len(distinct) == len(starts):
-        return None
-    prefix_ids, prefix_mask = pad_rows(list(distinct), 0)
-    width = input_ids.shape[1]
-    span = max(n - s for n, s in zip(lengths, starts, strict=True))
-    columns = torch.tensor(starts)[:, None] + torch.arange(span)  # [B, S]
-    inside = columns < torch.tensor(lengths)[:, None]
-    return SharedPrefixes(
-        prefix_ids=prefix_ids.to(device),
-        prefix_mask=prefix_mask.to(device),
-        row_prefix=torch.tensor(row_prefix, device=device),
-        suffix_index=columns.clamp(max=width - 1).to(device),
-        suffix_mask=inside.long().to(device),
-    )

@@ -95,7 +95,8 @@ def start_ranks(
 class GroupBackend:
     """``rl_core.contracts.protocols.TrainingBackend`` over the ranks of ``group``.
 
-    ``check_checkpoint(path)`` returns why ``path`` is not this backend's checkpoint (None when it is)."""
+    ``check_checkpoint(path)`` returns why ``path`` is not this backend's checkpoint (None when it is);
+    ``startup_metrics`` (a start-up check's figures) join the metrics of the first ``train``."""
 
     def __init__(
         self,
@@ -105,6 +106,7 @@ class GroupBackend:
         dp_rank: Sequence[int] | None = None,
         reports: Sequence[bool] | None = None,
         check_checkpoint: Callable[[Path], str | None] = lambda _path: None,
+        startup_metrics: Mapping[str, float] | None = None,
     ) -> None:
         size = len(group.actors)
         self.group, self.policy = group, policy
@@ -112,10 +114,12 @@ class GroupBackend:
         self.reports = list(reports) if reports is not None else [True] * size
         self.dp = max(self.dp_rank) + 1
         self.check_checkpoint = check_checkpoint
+        self.startup_metrics = dict(startup_metrics or {})
 
     # -- batches --------------------------------------------------------------------------------------------------
 
     def _check(self, batch: Mapping[str, Any]) -> None:
+        B.check_layout(batch)
         width = batch["input_ids"].shape[1]
         if width > self.policy.max_total_sequence_length:
             raise InputError(
@@ -148,7 +152,8 @@ class GroupBackend:
             merged = {k: sum(r[k] for r in shares) for k in shares[0] if k not in ("grad_norm", "lr")}
             merged.update(grad_norm=results[0]["grad_norm"], lr=results[0]["lr"])
             steps.append(merged)
-        return {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+        startup, self.startup_metrics = self.startup_metrics, {}
+        return {**{k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}, **startup}
 
     def _logprobs(self, batch: TokenBatch, reference: bool) -> torch.Tensor:
         import torch
