@@ -39,10 +39,12 @@ def test_no_function_is_longer_than_60_lines():
     assert not long, long
 
 
-def test_the_core_imports_itself_only_at_module_level():
+def test_the_core_and_plugins_import_the_core_only_at_module_level():
+    """``rl_core`` (``rl_core.api`` for a plugin) imports light: a function-level import of it only hides a plugin's
+    dependencies from its reader."""
     inside = [
         f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
-        for path in sorted(CORE.rglob("*.py"))
+        for path in sorted(ROOT.glob("packages/*/src/**/*.py"))
         for fn in _functions(path)
         for node in ast.walk(fn)
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rl_core")
@@ -69,3 +71,19 @@ def test_the_earlier_paths_of_the_test_helpers_still_import():
 
     assert certify.certify_engine is certify_engine
     assert conformance.sample_batch is sample_batch
+
+
+def test_the_contributors_map_names_files_that_exist_and_every_algorithm_has_its_spec():
+    """docs/concepts.md "Where it goes": each path it names exists, and each algorithm module is registered."""
+    import re
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    table = text[text.index("## Where it goes") :].split("\n## ", 1)[0]
+    named = re.findall(r"`((?:packages|tests|examples|docs)/[^`]+)`", table)
+    assert len(named) >= 15, named
+    assert not [p for p in named if not (ROOT / p).exists()], "named in the map, missing from the tree"
+    from rl_core.plugins.builtin import rl_algorithms
+
+    registered = {spec.run.__module__.rsplit(".", 1)[1] for spec in rl_algorithms()}
+    modules = {p.stem for p in (CORE / "algorithms").glob("*.py")} - {"__init__"}
+    assert modules == registered, f"an algorithm module without its AlgorithmSpec: {sorted(modules - registered)}"

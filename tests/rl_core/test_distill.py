@@ -20,8 +20,8 @@ def test_distill_step_adds_the_weighted_task_advantage_to_the_teachers_signal(mo
         phases=Phases(),
     )
     trained = {}
-    monkeypatch.setattr(distill, "sample", lambda ctx, cfg, sampler, step: on)
-    monkeypatch.setattr(distill, "update", lambda ctx, on, loss_fn: trained.update(on.batch) or {})
+    monkeypatch.setattr(distill, "sample_on_policy", lambda ctx, cfg, sampler, step: on)
+    monkeypatch.setattr(distill, "update_on_policy", lambda ctx, on, loss_fn: trained.update(on.batch) or {})
     teacher = torch.tensor([[0.0, -0.5, -2.0], [0.0, -1.0, 0.0]])
     ctx = SimpleNamespace(backend=SimpleNamespace(reference_logprobs=lambda batch: teacher))
     cfg = distill.DistillConfig(num_prompts_per_step=1, num_generations_per_prompt=2, task_reward_weight=weight)

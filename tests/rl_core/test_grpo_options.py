@@ -104,3 +104,53 @@ def test_leave_one_out_baseline_is_the_mean_of_the_groups_other_rewards():
     _, advantages, _ = grpo.sample_advantages(ctx(), cfg, rollouts)
     expected = torch.tensor([[1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3], [-1.0, -1.0, -1.0, 3.0]])
     assert torch.allclose(advantages, expected)
+
+
+@pytest.mark.parametrize(
+    ("rows", "on_policy", "overrides", "expected"),
+    [
+        # one optimizer step on-policy: no pass before training; the training forward measures the mismatch
+        (16, True, {}, dict(current=False, prev=False, check=False, check_in_training=True, reference=False)),
+        # several steps on one batch: the PPO ratio needs prev logprobs, and that pass measures the mismatch
+        (32, True, {}, dict(current=True, prev=True, check=True, check_in_training=False, reference=False)),
+        # an off-policy batch: no mismatch check anywhere (the engine's weights were not the trainer's)
+        (32, False, {}, dict(current=True, prev=True, check=False, check_in_training=False, reference=False)),
+        (16, False, {}, dict(current=False, prev=False, check=False, check_in_training=False, reference=False)),
+        # the reward's KL needs the current logprobs and the reference's, even with one step
+        (
+            16,
+            True,
+            {"reward_kl_penalty": 0.1},
+            dict(current=True, prev=False, check=False, check_in_training=True, reference=True),
+        ),
+        # several steps without the ratio: no prev; the first step's mismatch is checked on its due steps
+        (
+            32,
+            True,
+            {"disable_ppo_ratio": True},
+            dict(current=True, prev=False, check=True, check_in_training=False, reference=False),
+        ),
+        (
+            16,
+            True,
+            {"reference_policy_kl_penalty": 0.1},
+            dict(current=False, prev=False, check=False, check_in_training=True, reference=True),
+        ),
+    ],
+)
+def test_a_grpo_step_runs_the_logprob_passes_it_needs_and_checks_the_mismatch_once(
+    rows, on_policy, overrides, expected
+):
+    import attrs
+
+    from rl_core.base.schema import LossConfig
+
+    loss_keys = {k: v for k, v in overrides.items() if k in attrs.fields_dict(LossConfig)}
+    cfg = grpo.GRPOConfig(**{k: v for k, v in overrides.items() if k not in loss_keys})
+    config = SimpleNamespace(
+        policy=SimpleNamespace(train_global_batch_size=16), health=SimpleNamespace(logprob_mismatch_every=1)
+    )
+    passes = grpo.logprob_passes(
+        SimpleNamespace(config=config), cfg, LossConfig(**loss_keys), rows, 1, on_policy=on_policy
+    )
+    assert attrs.asdict(passes) == expected

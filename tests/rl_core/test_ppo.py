@@ -42,7 +42,7 @@ def test_ppo_step_reads_the_critic_one_position_before_each_action_token(monkeyp
         phases=Phases(),
         start=0.0,
     )
-    monkeypatch.setattr(ppo, "sample", lambda ctx, cfg, sampler, step: on)
+    monkeypatch.setattr(ppo, "sample_on_policy", lambda ctx, cfg, sampler, step: on)
     critic = Critic()
     ctx = SimpleNamespace(critic=critic, backend=None)
     cfg = ppo.PPOConfig(gamma=1.0, lam=1.0, critic=ppo.CriticConfig(warmup_steps=1))
@@ -77,7 +77,7 @@ def test_ppo_step_subtracts_kl_penalty_times_each_tokens_logprob_gap_to_the_refe
         phases=Phases(),
         start=0.0,
     )
-    monkeypatch.setattr(ppo, "sample", lambda ctx, cfg, sampler, step: on)
+    monkeypatch.setattr(ppo, "sample_on_policy", lambda ctx, cfg, sampler, step: on)
     reference = SimpleNamespace(reference_logprobs=lambda b: torch.tensor([[0.0, 0.0, -2.0, -1.0, 0.0]]))
     critic = Critic()
     ctx = SimpleNamespace(critic=critic, backend=reference)

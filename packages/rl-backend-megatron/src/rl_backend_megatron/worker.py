@@ -19,7 +19,9 @@ from rl_core.api import (
     RefitPayload,
     RefitRoute,
     RefitSender,
+    free_port,
     lr_multiplier,
+    node_address,
     thread_budget,
 )
 from rl_core.api import batch as B
@@ -54,8 +56,6 @@ class MegatronWorker:
         self.refit_sender = RefitSender()
 
     def address(self) -> tuple[str, int]:
-        from rl_core.api import free_port, node_address
-
         return node_address()[0], free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
@@ -93,8 +93,6 @@ class MegatronWorker:
 
         model.config.finalize_model_grads_func = finalize_model_grads
         self.optimizer = self._optimizer()
-        from rl_core.api import node_address
-
         ip, node_id = node_address()
         return {
             "rank": self.rank,

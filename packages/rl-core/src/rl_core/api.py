@@ -23,7 +23,10 @@ import it. What is not re-exported here is internal and may change between minor
 - Models: ``resolve_model_path`` (``tiny:NAME`` included), ``check_model_folder``, ``cache_root``.
 - Algorithms: an outside algorithm (``rl_algorithms`` -> ``AlgorithmSpec``) gets the ``RunContext`` (config,
   backend, engine, rewards, tokenizer) and builds its loop from the pieces the core's own loops use: ``run_loop``
-  (data, resume, validation, logging, checkpoints), ``RolloutLoopConfig`` (the shared knobs), ``sampling``,
+  (data, resume, validation, logging, checkpoints), ``RolloutLoopConfig`` (the shared knobs); the on-policy loop
+  ``run_on_policy`` with ``step_seed``, ``sample_on_policy`` / ``update_on_policy`` (a step's two halves, as
+  REINFORCE, distillation and PPO use them), ``refit_metrics`` and ``step_metrics``; the supervised loop
+  ``run_supervised`` with ``SupervisedLoopConfig``, ``encode_sft``, ``encode_pairs`` and ``validation_loss``; ``sampling``,
   ``generate_and_score``, ``rollout_batch``, ``refit``, ``validate_rollouts``, ``rollout_metrics``, ``Phases``,
   the losses (``ClippedPGLoss``, ``NLLLoss``) and ``advantages``. ``docs/plugins.md`` has a complete one.
 """
@@ -105,6 +108,15 @@ from rl_core.training import advantages
 from rl_core.training.context import Phases, RunContext
 from rl_core.training.loops import prefixed, run_loop
 from rl_core.training.losses import ClippedPGLoss, NLLLoss
+from rl_core.training.onpolicy import (
+    OnPolicyBatch,
+    refit_metrics,
+    run_on_policy,
+    sample_on_policy,
+    step_metrics,
+    step_seed,
+    update_on_policy,
+)
 from rl_core.training.optim import lr_multiplier, make_optimizer, make_scheduler
 from rl_core.training.rollouts import (
     ScoredRollouts,
@@ -115,6 +127,7 @@ from rl_core.training.rollouts import (
     sampling,
     validate_rollouts,
 )
+from rl_core.training.supervised import SupervisedLoopConfig, encode_pairs, encode_sft, run_supervised, validation_loss
 
 __all__ = [
     "AlgorithmSpec",
@@ -205,6 +218,18 @@ __all__ = [
     "rollout_batch",
     "rollout_metrics",
     "run_loop",
+    "OnPolicyBatch",
+    "SupervisedLoopConfig",
+    "encode_pairs",
+    "encode_sft",
+    "refit_metrics",
+    "run_on_policy",
+    "run_supervised",
+    "sample_on_policy",
+    "step_metrics",
+    "step_seed",
+    "update_on_policy",
+    "validation_loss",
     "sampling",
     "lazy",
     "lora",

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.api import ConfigError, RLCoreError
+from rl_core.api import ConfigError, Registry, RLCoreError
 
 TOKEN_ENV = "RL_REWARD_SERVER_TOKEN"
 
@@ -126,7 +126,6 @@ def _loopback(host: str) -> bool:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from rl_core.api import Registry
     from rl_reward_server.hosting import parse_scorer
     from rl_reward_server.server import ServerSettings, create_app
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_core.api import ConfigError
+from rl_core.api import ConfigError, structure_section
 
 
 def parse_scorer(text: str, registry: Any) -> tuple[str, Any, Any]:
     """``name:key=value,key=value`` -> (name, its reward-source record, its validated options)."""
     import yaml
-
-    from rl_core.api import structure_section
 
     name, _, rest = text.partition(":")
     spec = registry.specs("reward_source").get(name)

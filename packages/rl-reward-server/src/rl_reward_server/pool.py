@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.api import InputError, RLCoreError
+from rl_core.api import InputError, Registry, RLCoreError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ def _die_with(parent: int) -> None:
 def _serve(conn: Any, specs: Sequence[str], parent: int) -> None:
     """The worker process: build the scorers, then answer ``(name, prompts, responses, metadata)`` requests."""
     _die_with(parent)
-    from rl_core.api import Registry
     from rl_reward_server.hosting import build_scorer
 
     try:
@@ -157,7 +156,6 @@ class InProcess:
     size = 1
 
     def __init__(self, specs: Sequence[str]) -> None:
-        from rl_core.api import Registry
         from rl_reward_server.hosting import build_scorer
 
         registry = Registry.discover()

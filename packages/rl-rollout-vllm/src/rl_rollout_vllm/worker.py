@@ -21,6 +21,7 @@ from rl_core.api import (
     RefitPayload,
     Sample,
     cache_root,
+    receive_weights,
     thread_budget,
 )
 from rl_rollout_vllm.config import VllmConfig
@@ -220,8 +221,6 @@ class AsyncVllmWorker:
         crosses pickled, and an object-store payload first becomes a safetensors file in shared memory (the engine
         core is no Ray worker and cannot read Ray's object store)."""
         import pickle
-
-        from rl_core.api import receive_weights
 
         route = payload.kind  # reported as the trainer's route, not the local file hop
         with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:

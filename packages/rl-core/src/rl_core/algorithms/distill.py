@@ -19,7 +19,7 @@ from rl_core.data.prompts import EpochSampler
 from rl_core.training import advantages as adv
 from rl_core.training.context import RunContext
 from rl_core.training.losses import ClippedPGLoss
-from rl_core.training.onpolicy import run_on_policy, sample, update
+from rl_core.training.onpolicy import run_on_policy, sample_on_policy, update_on_policy
 
 
 @attrs.frozen(kw_only=True)
@@ -53,7 +53,7 @@ def distill_step(
 ) -> dict[str, float]:
     import torch
 
-    on = sample(ctx, cfg, sampler, step)
+    on = sample_on_policy(ctx, cfg, sampler, step)
     mask = on.batch["loss_mask"]
     with on.phases("teacher_logprobs"):
         teacher = ctx.backend.reference_logprobs(on.batch)  # [N, T]
@@ -64,4 +64,4 @@ def distill_step(
         on.logprobs, teacher, mask, task.view(-1), cfg.task_reward_weight
     )
     reverse_kl = ((on.logprobs - teacher) * mask).sum() / mask.sum().clamp(min=1.0)  # per token
-    return {**update(ctx, on, loss_fn), "distill/reverse_kl": float(reverse_kl)}
+    return {**update_on_policy(ctx, on, loss_fn), "distill/reverse_kl": float(reverse_kl)}

@@ -39,18 +39,11 @@ from rl_core.data.prompts import EpochSampler
 from rl_core.training import advantages as adv
 from rl_core.training.context import Phases, RunContext
 from rl_core.training.health import engine_drift, judge_mismatch, logprob_mismatch, mismatch_due
-from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.loops import prefixed
 from rl_core.training.losses import ClippedPGLoss
+from rl_core.training.onpolicy import refit_metrics, run_on_policy, step_seed
 from rl_core.training.producer import RolloutProducer, from_plain, generating_version
-from rl_core.training.rollouts import (
-    ScoredRollouts,
-    generate_and_score,
-    refit,
-    rollout_batch,
-    rollout_metrics,
-    sampling,
-    validate_rollouts,
-)
+from rl_core.training.rollouts import ScoredRollouts, generate_and_score, rollout_batch, rollout_metrics, sampling
 
 if TYPE_CHECKING:
     import torch
@@ -127,20 +120,11 @@ def check(config: Config, device: str) -> None:
 
 def run(ctx: RunContext) -> dict[str, float]:
     cfg: GRPOConfig = ctx.config.section("grpo")
-    loss_cfg = off_policy_loss(ctx.config.loss_fn, cfg)
-    loss_fn = ClippedPGLoss(cfg=loss_cfg)
-    common: dict[str, Any] = dict(
-        rows_per_step=cfg.num_prompts_per_step,
-        total_steps=cfg.max_num_steps,
-        validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
-        val_period=cfg.val_period,
-        val_at_start=cfg.val_at_start,
-        max_val_samples=cfg.max_val_samples,
-    )
+    loss_fn = ClippedPGLoss(cfg=off_policy_loss(ctx.config.loss_fn, cfg))
     if not cfg.ahead:
-        return run_loop(ctx, step_fn=lambda sampler, step: grpo_step(ctx, cfg, sampler, loss_fn, step), **common)
-    return run_loop(
-        ctx, stepper=lambda sampler, start, state: AsyncGRPO(ctx, cfg, loss_fn, sampler, start, state), **common
+        return run_on_policy(ctx, cfg, lambda sampler, step: grpo_step(ctx, cfg, sampler, loss_fn, step))
+    return run_on_policy(
+        ctx, cfg, stepper=lambda sampler, start, state: AsyncGRPO(ctx, cfg, loss_fn, sampler, start, state)
     )
 
 
@@ -154,7 +138,7 @@ def off_policy_loss(loss: LossConfig, cfg: GRPOConfig) -> LossConfig:
 
 def produce(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, step: int, phases: Phases) -> ScoredRollouts:
     """The scored rollouts of ``step`` (its sampling seed depends on the step alone)."""
-    params = sampling(ctx, cfg.num_generations_per_prompt, seed=ctx.config.seed * 100_003 + step)
+    params = sampling(ctx, cfg.num_generations_per_prompt, seed=step_seed(ctx, step))
     return collect(ctx, cfg, sampler, params, phases)
 
 
@@ -168,16 +152,46 @@ def grpo_step(
     gen_seconds = time.perf_counter() - start
     ctx.keep_samples(step, scored.transcripts)
     metrics = train_on(ctx, cfg, scored, loss_fn, step, phases, on_policy=True)
-    with phases("refit"):
-        refit_stats = refit(ctx)
+    metrics.update(refit_metrics(ctx, phases))
     return {
         **rollout_metrics(scored, gen_seconds),
         **metrics,
-        "refit/bytes": float(refit_stats.num_bytes),
-        "refit/seconds": refit_stats.seconds,
         **phases.metrics(),
         "time/step": time.perf_counter() - start,
     }
+
+
+@attrs.frozen(kw_only=True)
+class LogprobPasses:
+    """What a GRPO step computes before it trains, decided once per step (``logprob_passes``)."""
+
+    #: a pass of the trainer over the batch before the update (for ``prev``, ``check`` or the reward's KL)
+    current: bool
+    #: that pass kept as ``prev_logprobs``: several optimizer steps on one batch, with the PPO ratio
+    prev: bool
+    #: the engine-vs-trainer mismatch measured on that pass (several updates: only the first is on-policy)
+    check: bool
+    #: the mismatch from the training forward instead (one update, on-policy: the backend measures it there)
+    check_in_training: bool
+    #: the reference policy's logprobs (a KL penalty in the loss or in the reward)
+    reference: bool
+
+
+def logprob_passes(
+    ctx: RunContext, cfg: GRPOConfig, loss: LossConfig, rows: int, step: int, *, on_policy: bool
+) -> LogprobPasses:
+    """The passes a step of ``rows`` samples needs; the mismatch is measured only ``on_policy`` (the engine's weights
+    were the trainer's), every ``mismatch_due`` step."""
+    several_updates = ctx.config.policy.train_global_batch_size < rows
+    prev = not loss.disable_ppo_ratio and several_updates
+    check = on_policy and several_updates and (prev or mismatch_due(ctx, step))
+    return LogprobPasses(
+        current=prev or check or cfg.reward_kl_penalty > 0,
+        prev=prev,
+        check=check,
+        check_in_training=on_policy and not several_updates,
+        reference=loss.reference_policy_kl_penalty > 0 or cfg.reward_kl_penalty > 0,
+    )
 
 
 def train_on(
@@ -190,27 +204,23 @@ def train_on(
     *,
     on_policy: bool,
 ) -> dict[str, float]:
-    """Advantages, the batch, the logprobs the loss needs, and the optimizer steps on one step's rollouts. The
-    engine-vs-trainer mismatch is measured here only ``on_policy`` (the engine's weights were the trainer's)."""
+    """Advantages, the batch, the logprobs the loss needs (``logprob_passes``), and the optimizer steps on one
+    step's rollouts."""
     P, G = len(scored.examples), cfg.num_generations_per_prompt
     rewards, advantages, valid = sample_advantages(ctx, cfg, scored)
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
     batch["sample_mask"] = valid.view(-1).float()  # [B]
-    lcfg = loss_fn.cfg
-    several_updates = ctx.config.policy.train_global_batch_size < P * G
-    need_prev = not lcfg.disable_ppo_ratio and several_updates
-    # with one update the training forward reports the mismatch; with several only its first update is on-policy
-    check = on_policy and several_updates and (need_prev or mismatch_due(ctx, step))
+    passes = logprob_passes(ctx, cfg, loss_fn.cfg, P * G, step, on_policy=on_policy)
     health: dict[str, float] = {}
-    if need_prev or check or cfg.reward_kl_penalty > 0:
+    if passes.current:
         with phases("logprobs"):
             current = ctx.backend.logprobs(batch)
-        if on_policy and (need_prev or check):
+        if passes.check:
             health = logprob_mismatch(ctx, batch["generation_logprobs"], current, batch["loss_mask"])
-        if need_prev:
+        if passes.prev:
             batch["prev_logprobs"] = current
-    if lcfg.reference_policy_kl_penalty > 0 or cfg.reward_kl_penalty > 0:
+    if passes.reference:
         with phases("reference_logprobs"):
             batch["reference_logprobs"] = ctx.backend.reference_logprobs(batch)
     if cfg.reward_kl_penalty > 0:
@@ -221,7 +231,7 @@ def train_on(
     with phases("train"):
         train_metrics = ctx.backend.train(batch, loss_fn)
     drift = engine_drift(train_metrics)
-    if drift is not None and on_policy and not several_updates:
+    if drift is not None and passes.check_in_training:
         health = judge_mismatch(ctx, *drift)
     return {
         "reward_shaped": float(rewards.mean()),
@@ -296,8 +306,7 @@ class AsyncGRPO:
         metrics = train_on(self.ctx, self.cfg, scored, self.loss_fn, step, phases, on_policy=staleness == 0)
         with phases("wait_rollouts"):
             self.producer.wait_made(step + self.cfg.ahead)  # the engine is idle: no request crosses the refit
-        with phases("refit"):
-            refit_stats = refit(self.ctx)
+        metrics.update(refit_metrics(self.ctx, phases))
         if mismatch_due(self.ctx, step) and staleness > 0:
             with phases("logprobs"):
                 metrics.update(probe_mismatch(self.ctx, scored))
@@ -307,8 +316,6 @@ class AsyncGRPO:
             **rollout_metrics(scored, gen_seconds),
             **metrics,
             "async/staleness": float(staleness),
-            "refit/bytes": float(refit_stats.num_bytes),
-            "refit/seconds": refit_stats.seconds,
             **{f"time/{k}": v for k, v in made.seconds.items()},  # spent by the producer, overlapping training
             **phases.metrics(),
             "time/step": time.perf_counter() - start,

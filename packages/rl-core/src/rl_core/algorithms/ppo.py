@@ -31,7 +31,7 @@ from rl_core.training import advantages as adv
 from rl_core.training.context import RunContext
 from rl_core.training.loops import prefixed
 from rl_core.training.losses import ClippedPGLoss, ValueLoss
-from rl_core.training.onpolicy import run_on_policy, sample, step_metrics, update
+from rl_core.training.onpolicy import run_on_policy, sample_on_policy, step_metrics, update_on_policy
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +117,7 @@ def ppo_step(
     import torch
 
     assert ctx.critic is not None, "ppo's AlgorithmSpec declares a critic"
-    on = sample(ctx, cfg, sampler, step)
+    on = sample_on_policy(ctx, cfg, sampler, step)
     batch, mask = on.batch, on.batch["loss_mask"]
     # the critic is read at the position before each action token (its state: the tokens before the action)
     states = shift(mask, -1)  # [N, T]
@@ -142,7 +142,7 @@ def ppo_step(
         return step_metrics(on, metrics)
     batch["advantages"] = adv.masked_whiten(advantages, mask) if cfg.whiten_advantages else advantages
     batch["prev_logprobs"] = on.logprobs
-    return {**update(ctx, on, pg_loss), **metrics}
+    return {**update_on_policy(ctx, on, pg_loss), **metrics}
 
 
 def shift(x: torch.Tensor, by: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from rl_core.data.prompts import EpochSampler
 from rl_core.training import advantages as adv
 from rl_core.training.context import RunContext
 from rl_core.training.losses import ClippedPGLoss
-from rl_core.training.onpolicy import run_on_policy, sample, update
+from rl_core.training.onpolicy import run_on_policy, sample_on_policy, update_on_policy
 
 
 @attrs.frozen(kw_only=True)
@@ -61,7 +61,7 @@ def reinforce_step(
 ) -> dict[str, float]:
     import torch
 
-    on = sample(ctx, cfg, sampler, step)
+    on = sample_on_policy(ctx, cfg, sampler, step)
     batch, logprobs = on.batch, on.logprobs
     with on.phases("reference_logprobs"):
         reference = ctx.backend.reference_logprobs(batch)
@@ -73,4 +73,4 @@ def reinforce_step(
     )  # [P, G]
     batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]
     kl = ((logprobs - reference) * batch["loss_mask"]).sum(1).mean()
-    return {**update(ctx, on, loss_fn), "reward_with_kl": float(rewards.mean()), "train/kl": float(kl)}
+    return {**update_on_policy(ctx, on, loss_fn), "reward_with_kl": float(rewards.mean()), "train/kl": float(kl)}

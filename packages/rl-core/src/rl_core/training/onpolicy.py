@@ -1,12 +1,13 @@
-"""What REINFORCE, on-policy distillation and PPO share: a step's first half (``sample``: rollouts of the current policy,
-scored, batched, with the trainer's logprobs and their health check), its second half (``update``: one update over
-the batch, then the refit), and their loop (``run_on_policy``). Each algorithm puts its own advantages between the
-two halves."""
+"""What the on-policy algorithms (GRPO, REINFORCE, on-policy distillation, PPO) share: their loop (``run_on_policy``),
+a step's sampling seed (``step_seed``), a step's first half (``sample_on_policy``: rollouts of the current policy, scored,
+batched, with the trainer's logprobs and their health check), its second half (``update_on_policy``: one update over the
+batch, then the refit, ``refit_metrics``). Each algorithm puts its own advantages between the two halves; GRPO
+samples and trains its own way (dynamic sampling, asynchronous steps) around the same loop, seed and refit."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -16,7 +17,7 @@ from rl_core.contracts.batch import PolicyGradientBatch
 from rl_core.data.prompts import EpochSampler
 from rl_core.training.context import Phases, RunContext
 from rl_core.training.health import engine_drift, logprob_mismatch
-from rl_core.training.loops import prefixed, run_loop
+from rl_core.training.loops import Stepper, prefixed, run_loop
 from rl_core.training.losses import ClippedPGLoss
 from rl_core.training.rollouts import (
     ScoredRollouts,
@@ -43,15 +44,21 @@ class OnPolicyBatch:
 
 
 def run_on_policy(
-    ctx: RunContext, cfg: RolloutLoopConfig, step: Callable[[EpochSampler, int], dict[str, float]]
+    ctx: RunContext,
+    cfg: RolloutLoopConfig,
+    step: Callable[[EpochSampler, int], dict[str, float]] | None = None,
+    *,
+    stepper: Callable[[EpochSampler, int, Mapping[str, Any] | None], Stepper] | None = None,
 ) -> dict[str, float]:
-    """``step(sampler, step)`` for ``cfg.max_num_steps`` steps of ``cfg.num_prompts_per_step`` prompts, greedy
-    validation on held-out prompts every ``cfg.val_period``."""
+    """``step(sampler, step)`` (or the steps of a ``stepper``, which keeps state across steps) for
+    ``cfg.max_num_steps`` steps of ``cfg.num_prompts_per_step`` prompts, greedy validation on held-out prompts every
+    ``cfg.val_period``."""
     return run_loop(
         ctx,
         rows_per_step=cfg.num_prompts_per_step,
         total_steps=cfg.max_num_steps,
         step_fn=step,
+        stepper=stepper,
         validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
@@ -59,12 +66,18 @@ def run_on_policy(
     )
 
 
-def sample(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSampler, step: int) -> OnPolicyBatch:
+def step_seed(ctx: RunContext, step: int) -> int:
+    """The sampling seed of ``step``: the run's seed and the step alone, so a resumed run, and an asynchronous one
+    generating a step's batch ahead, draw the same samples for it."""
+    return ctx.config.seed * 100_003 + step
+
+
+def sample_on_policy(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSampler, step: int) -> OnPolicyBatch:
     """The next prompts x ``num_generations_per_prompt`` samples of the current policy, scored and batched, with the
     trainer's logprobs and the engine/trainer mismatch check."""
     phases = Phases()
     start = time.perf_counter()
-    params = sampling(ctx, cfg.num_generations_per_prompt, seed=ctx.config.seed * 100_003 + step)
+    params = sampling(ctx, cfg.num_generations_per_prompt, seed=step_seed(ctx, step))
     scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     ctx.keep_samples(step, scored.transcripts)
     gen_seconds = time.perf_counter() - start
@@ -82,21 +95,19 @@ def sample(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSampler, step:
     )
 
 
-def update(ctx: RunContext, on: OnPolicyBatch, loss_fn: ClippedPGLoss) -> dict[str, float]:
+def update_on_policy(ctx: RunContext, on: OnPolicyBatch, loss_fn: ClippedPGLoss) -> dict[str, float]:
     """One update over ``on.batch`` (its advantages set), the refit, and the step's metrics."""
     with on.phases("train"):
         train_metrics = ctx.backend.train(on.batch, loss_fn)
     engine_drift(train_metrics)  # measured before the update, by the backend
-    with on.phases("refit"):
-        refit_stats = refit(ctx)
-    return step_metrics(
-        on,
-        {
-            **prefixed("train", train_metrics),
-            "refit/bytes": float(refit_stats.num_bytes),
-            "refit/seconds": refit_stats.seconds,
-        },
-    )
+    return step_metrics(on, {**prefixed("train", train_metrics), **refit_metrics(ctx, on.phases)})
+
+
+def refit_metrics(ctx: RunContext, phases: Phases) -> dict[str, float]:
+    """The trained weights into the rollout engine (timed as the ``refit`` phase), and what it moved."""
+    with phases("refit"):
+        stats = refit(ctx)
+    return {"refit/bytes": float(stats.num_bytes), "refit/seconds": stats.seconds}
 
 
 def step_metrics(on: OnPolicyBatch, more: dict[str, float]) -> dict[str, float]:
