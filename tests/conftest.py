@@ -118,3 +118,16 @@ def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
         return load_config(None, [*base, *overrides], rl_registry)
 
     return config
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The lint commands of the selected lint tests start now, in the background (tests/test_lint.py)."""
+    from test_lint import start_lint
+
+    start_lint([item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from test_lint import stop_lint
+
+    stop_lint()

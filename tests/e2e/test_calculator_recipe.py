@@ -54,3 +54,9 @@ def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_
     assert before <= 0.1, f"the warm-up should prefer guessing (held-out {before:.3f})"
     # the full recipe measured 0.969 at step 20 (README); well under it is a regression, not noise
     assert after >= 0.85, f"GRPO did not learn to use the tool: held-out {before:.3f} -> {after:.3f}"
+    # what tests/e2e/test_recipes.py checks of the other recipes: its checkpoint, export, and whole episodes saved
+    assert (run / "checkpoints" / "step_000020" / "state.json").is_file() and (run / "final" / "config.json").is_file()
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {10, 20}, {s["step"] for s in samples}
+    roles = [[t["role"] for t in s["turns"]] for s in samples if s["step"] == 20]
+    assert any(r[:3] == ["model", "environment", "model"] for r in roles), roles

@@ -1,7 +1,9 @@
 """A real multi-node Ray cluster on this machine: a head and a second node started with ``ray start``, each with
 its own resources and temp dir, stopped by the test through its own processes (never a machine-wide
-``ray stop``). A short GRPO job places its 2 data-parallel ranks on different nodes; on a token-authenticated
-cluster, a training worker killed mid-run stops the run with a message naming it, and the run resumes there."""
+``ray stop``). On a token-authenticated cluster, a short GRPO job places its 2 data-parallel ranks on different
+nodes; a training worker killed mid-run stops the run with a message naming it, and the run resumes there, its
+ranks on the two nodes again. (One job for all of it: a separate job on a cluster without a token joined through
+the same ``ray.init(address=...)`` and placed its ranks the same way, 48 s for nothing this one does not show.)"""
 
 import os
 import re
@@ -124,11 +126,6 @@ def cluster(auth: str) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def open_cluster() -> Iterator[Cluster]:
-    yield from cluster("disabled")
-
-
-@pytest.fixture
 def token_cluster() -> Iterator[Cluster]:
     yield from cluster("token")
 
@@ -161,15 +158,6 @@ def worker_nodes(run_dir: Path, group: str) -> dict[int, str]:
     output = (run_dir / "logs" / "driver.log").read_text()
     line = next(line for line in output.splitlines() if f"{group} workers:" in line)
     return {int(r): node for r, node in re.findall(r"\[(\d+)\] pid \d+ on \S+ \(node ([0-9a-f]+)\)", line)}
-
-
-def test_two_ranks_spread_over_two_nodes(open_cluster: Cluster, tmp_path: Path):
-    run = tmp_path / "run"
-    out = subprocess.run(job(run, open_cluster), capture_output=True, text=True, timeout=900, env=job_env(open_cluster))
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    nodes = worker_nodes(run, "policy")
-    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
-    assert (run / "checkpoints" / "step_000002").is_dir()
 
 
 def test_a_killed_training_worker_stops_the_run_and_it_resumes(token_cluster: Cluster, tmp_path: Path):

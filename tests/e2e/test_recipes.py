@@ -29,8 +29,9 @@ def recipes() -> list[Path]:
 
 #: recipes another test already runs as a user would: the default job written out as a file, and distillation (it
 #: needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
-#: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole)
-RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill", "grpo_reward_model", "ppo"}
+#: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole);
+#: the calculator (test_calculator_recipe.py runs it as committed, its warm-up and 20 steps with checkpoints)
+RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill", "grpo_reward_model", "ppo", "grpo_calculator"}
 
 
 def test_every_recipe_is_headed_by_its_command():
