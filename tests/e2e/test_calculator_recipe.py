@@ -52,7 +52,7 @@ def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_
     print(f"calculator: tool-call format rate after the warm-up {rate:.3f}; held-out {before:.3f} -> {after:.3f}")
     assert rate >= 0.9, f"the warm-up did not teach the tool call: {rate:.3f} of calls copy the sum"
     assert before <= 0.1, f"the warm-up should prefer guessing (held-out {before:.3f})"
-    # the full recipe measured 0.969 at step 20 (README); well under it is a regression, not noise
+    # the full recipe measured 0.922 at step 20 (README); well under it is a regression, not noise
     assert after >= 0.85, f"GRPO did not learn to use the tool: held-out {before:.3f} -> {after:.3f}"
     # what tests/e2e/test_recipes.py checks of the other recipes: its checkpoint, export, and whole episodes saved
     assert (run / "checkpoints" / "step_000020" / "state.json").is_file() and (run / "final" / "config.json").is_file()
