@@ -57,6 +57,13 @@ def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_
     # what tests/e2e/test_recipes.py checks of the other recipes: its checkpoint, export, and whole episodes saved
     assert (run / "checkpoints" / "step_000020" / "state.json").is_file() and (run / "final" / "config.json").is_file()
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert {s["step"] for s in samples} == {10, 20}, {s["step"] for s in samples}
-    roles = [[t["role"] for t in s["turns"]] for s in samples if s["step"] == 20]
+    assert {(s["split"], s["step"]) for s in samples} == {
+        ("train", 1),
+        ("train", 10),
+        ("train", 20),
+        ("val", 0),
+        ("val", 20),
+    }
+    assert max(sum(s["prompt"] == t["prompt"] and s["step"] == t["step"] for t in samples) for s in samples) == 2
+    roles = [[t["role"] for t in s["turns"]] for s in samples if s["step"] == 20 and s["split"] == "train"]
     assert any(r[:3] == ["model", "environment", "model"] for r in roles), roles

@@ -206,6 +206,7 @@ def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: P
     )
     assert greedy.returncode == 0, greedy.stdout[-3000:] + greedy.stderr[-3000:]
     report = json.loads((tmp_path / "greedy" / "report.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "greedy").iterdir()) == ["logs", "report.json", "samples.jsonl"]
     assert report["reward"] == heldout(run)[0] and report["rows"] == 83, report
     assert report["sampling"]["temperature"] == 0.0 and "pass@1" in greedy.stdout
     sampled = subprocess.run(

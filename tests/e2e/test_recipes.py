@@ -65,11 +65,19 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(math.isfinite(v) for r in rows for v in r.values())
     assert "train/loss" in rows[1] and any(k.startswith("val/") for k in rows[2])
+    # what a user sees of the run's cost: validation timed, the start-up's phases with the first row, the trainer's
+    # peak memory, and the estimate after the first step
+    assert rows[2]["time/validate"] > 0 and "time/validate" not in rows[1]
+    assert {"startup/prepare", "startup/workers"} <= set(rows[0]) and not any(k.startswith("startup/") for k in rows[1])
+    assert rows[1]["train/peak_memory_gib"] > 0.1
+    assert "step 1 took" in said and "steps left: about" in said and "trainer peak memory" in said
     assert (run / "config.yaml").is_file() and (run / "final" / "config.json").is_file()
     assert (run / "checkpoints" / "step_000002" / "state.json").is_file()
     if algorithm in ("grpo", "reinforce"):  # a few samples of every step: prompt, response, reward
         samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-        assert {s["step"] for s in samples} == {1, 2} and all(isinstance(s["reward"], float) for s in samples)
+        assert {s["step"] for s in samples if s["split"] == "train"} == {1, 2}
+        assert {s["step"] for s in samples if s["split"] == "val"} == {0, 2}  # every validation's, step 0's too
+        assert all(isinstance(s["reward"], float) for s in samples)
         assert all(s["prompt"] and s["turns"][0]["role"] == "model" for s in samples)
     assert final == {k: v for k, v in rows[-1].items() if k != "step"}
     start = time.monotonic()

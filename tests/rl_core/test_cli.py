@@ -162,6 +162,29 @@ def test_dry_run_shows_config_components_placement_and_data_and_starts_nothing(t
     ):
         assert part in text, part
     assert "dry run: nothing started" in text and not (tmp_path / "run").exists()
+    assert "val: 83 rows; each validation uses 83 (grpo.max_val_samples: 128)" in text, text[-500:]
+
+
+def test_dry_run_shows_only_the_values_the_run_uses(tmp_path):
+    """Data from files: the built-in task's row counts are not shown beside the files' (they are not read), and the
+    rows a validation uses are the file's when it holds fewer than ``max_val_samples``."""
+    for split, n in (("train", 12), ("val", 5)):
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"q{i}", "answer": "a"}) + "\n" for i in range(n))
+        )
+    out = rl_core(
+        "run",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        f"data.val_path={tmp_path / 'val.jsonl'}",
+        "--dry-run",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "num_train" not in out.stdout and "num_val" not in out.stdout and "task:" not in out.stdout, out.stdout
+    assert (
+        "train: 12 rows" in out.stdout
+        and "val: 5 rows; each validation uses 5 (grpo.max_val_samples: 128)" in out.stdout
+    )
 
 
 def test_certify_hands_a_backends_declared_max_ranks_to_its_checks(monkeypatch, tmp_path):
@@ -196,3 +219,38 @@ def test_a_report_cards_text_is_printed_as_written_not_read_as_markup():
     console.print(card.render())
     text = console.export_text()
     assert "token_ids [eos], text ''" in text and "token_ids [2], text ''" in text, text
+
+
+def test_ctrl_c_or_sigterm_in_a_run_says_where_it_stopped_and_that_the_command_resumes(monkeypatch, tmp_path, capsys):
+    """Interrupted after step 2 with step 2's checkpoint on disk: one line, exit status 130."""
+    from rl_core import cli
+
+    def interrupted_run(config, registry, console):
+        console.step(1, 5, {"reward": 0.5})
+        console.step(2, 5, {"reward": 0.5})
+        (tmp_path / "run" / "checkpoints" / "step_000002").mkdir(parents=True)
+        (tmp_path / "run" / "checkpoints" / "step_000002" / "state.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_config", interrupted_run)
+    assert cli.main(["run", f"run_dir={tmp_path / 'run'}", "logger.progress=false"]) == 130
+    out = capsys.readouterr().out
+    assert "interrupted after step 2; the same command resumes from its step-2 checkpoint" in out, out
+
+
+def test_sigterm_after_ray_starts_reaches_the_run_not_rays_stack_dump():
+    """``ray.init`` installs a SIGTERM handler of its own and its core worker a C++ one that prints a raw stack dump
+    and aborts; ``init_ray`` puts the process's own back, so SIGTERM ends a run as Ctrl-C does."""
+    code = (
+        "import os, signal, time\n"
+        "from rl_core.base.schema import ClusterConfig\n"
+        "from rl_core.distributed.cluster import init_ray\n"
+        "def stop(_s, _f):\n    raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "init_ray(ClusterConfig(), verbose=False)\n"
+        "try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(10)\n"
+        "except KeyboardInterrupt:\n    print('interrupted cleanly')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "interrupted cleanly" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "SIGTERM received" not in out.stderr, out.stderr[-2000:]

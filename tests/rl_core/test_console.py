@@ -38,7 +38,7 @@ def test_the_live_display_keeps_step_eta_and_reward_at_any_width(width: int):
 
 
 def test_the_summary_accounts_for_the_whole_run_time(tmp_path, monkeypatch):
-    """The phases' shares are of the whole run, and what no step phase times (start-up, validation, checkpoints)
+    """The phases' shares are of the whole run (validation is a phase), and what no step phase times (start-up, checkpoints)
     has its own entry, so the line adds up to the 'done in' figure."""
     import rl_core.outputs.console as console_module
 
@@ -50,4 +50,19 @@ def test_the_summary_accounts_for_the_whole_run_time(tmp_path, monkeypatch):
     run.summary(tmp_path, final=None, checkpoints=None)
     said = buf.getvalue()
     assert "done in 10 s (1 steps)" in said
-    assert "generate 1 s (12%), train 2 s (23%), refit 0 s (1%), start-up, validation, checkpoints 6 s (64%)" in said
+    assert "generate 1 s (12%), train 2 s (23%), refit 0 s (1%), start-up and checkpoints 6 s (64%)" in said
+
+
+def test_after_the_first_step_the_run_says_what_the_rest_will_cost(monkeypatch):
+    """The first step's phases, the time left at its pace with the clock time it ends, and the trainer's memory."""
+    import rl_core.outputs.console as console_module
+
+    monkeypatch.setattr(console_module.time, "time", lambda: 0.0)
+    monkeypatch.setattr(console_module.time, "localtime", lambda t: console_module.time.gmtime(t))
+    buf = io.StringIO()
+    run = RunConsole(Console(file=buf, width=400, color_system=None), progress=False)
+    run.estimate(1, 25, 100.0, {**METRICS, "train/peak_memory_gib": 7.94})
+    said = buf.getvalue()
+    assert "step 1 took 100.0 s (generate 1.2 s, train 2.3 s, refit 0.1 s)" in said, said
+    assert "the 24 steps left: about 40 min, ending near 00:40" in said, said
+    assert "trainer peak memory 7.9 GiB" in said, said

@@ -8,23 +8,26 @@ that piped output reads whole. ``--verbose`` shows third-party output (workers, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from rl_core.__about__ import __version__
 from rl_core.base.errors import InputError, RLCoreError
-from rl_core.base.schema import dump_yaml
+from rl_core.base.schema import to_dict
 from rl_core.certify import certify
 from rl_core.config.loader import load_config
 from rl_core.config.reference import config_reference
@@ -33,6 +36,7 @@ from rl_core.distributed.placement import detected_device, engine_layout, policy
 from rl_core.launch.checks import check_loggers
 from rl_core.launch.evaluate import EvalSettings, eval_folder, run_eval
 from rl_core.launch.run import run_config
+from rl_core.outputs.checkpoint import CheckpointManager
 from rl_core.outputs.console import RunConsole
 from rl_core.outputs.logs import run_logs
 from rl_core.outputs.plot import plot_run
@@ -138,9 +142,29 @@ def cmd_run(args: argparse.Namespace, registry: Registry) -> int:
     if args.debug:  # every refit's weights verified
         config = attrs.evolve(config, health=attrs.evolve(config.health, verify_refit_every=1))
     run_console = RunConsole(console, progress=config.logger.progress, verbose=args.verbose)
-    with run_logs(Path(config.run_dir).resolve(), verbose=args.verbose or args.debug, packages=registry.packages()):
-        run_config(config, registry, run_console)
+    run_dir = Path(config.run_dir).resolve()
+    with run_logs(run_dir, verbose=args.verbose or args.debug, packages=registry.packages()), _sigterm_interrupts():
+        try:
+            run_config(config, registry, run_console)
+        except KeyboardInterrupt:
+            steps = [c.step for c in CheckpointManager(run_dir, config.checkpointing).complete()]
+            run_console.interrupted(steps[-1] if steps else None)
+            return 130
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, ``kill``) ends the run as Ctrl-C does: everything released, one line said."""
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def dry_run(config: Any, registry: Registry) -> int:
@@ -151,7 +175,7 @@ def dry_run(config: Any, registry: Registry) -> int:
     chosen = select(config, registry, device)
     check_loggers(config, registry)
     console.print("== resolved config", style="bold")
-    sys.stdout.write(dump_yaml(config))
+    sys.stdout.write(yaml.safe_dump(used_settings(config), sort_keys=False))
     console.print("== components", style="bold")
     for line in chosen.lines().values():
         console.print(escape(line), highlight=False)
@@ -168,12 +192,27 @@ def dry_run(config: Any, registry: Registry) -> int:
             f"rollout engine: {engine.size} replica(s), {engine.num_gpus:g} GPU each{colocated}", highlight=False
         )
     console.print("== data", style="bold")
+    val_key = f"{chosen.algorithm.config_key}.max_val_samples"
+    val_limit = getattr(config.sections.get(chosen.algorithm.config_key or ""), "max_val_samples", None)
     for split in ("train", "val"):
-        console.print(f"{split}: {len(load_split(config.data, split))} rows", highlight=False)
+        rows = len(load_split(config.data, split))
+        line = f"{split}: {rows} rows"
+        if split == "val" and val_limit is not None:
+            line += f"; each validation uses {min(rows, val_limit)} ({val_key}: {val_limit})"
+        console.print(line, highlight=False)
     if config.warmup_recipe:
         console.print(f"warm-up: {config.warmup_recipe} runs first, in RUN_DIR/warmup", highlight=False)
     console.print(f"run folder: {Path(config.run_dir).resolve()} (dry run: nothing started)", highlight=False)
     return 0
+
+
+def used_settings(config: Any) -> dict[str, Any]:
+    """The resolved config without the keys this run does not read: the built-in task's when both splits are files."""
+    settings = to_dict(config)
+    if not config.data.task or (config.data.train_path and config.data.val_path):
+        for key in ("task", "num_train", "num_val", "seed"):
+            settings["data"].pop(key, None)
+    return settings
 
 
 def cmd_certify(args: argparse.Namespace, registry: Registry) -> int:

@@ -385,9 +385,13 @@ class LoggerConfig:
     mlflow_tracking_uri: str | None = None
     #: a live progress display (rich) on a terminal; ``false`` prints one plain line per step instead.
     progress: bool = True
-    #: every this many steps, a few of the step's rollouts (prompt, response or episode turn by turn, reward) to
-    #: RUN_DIR/samples.jsonl and to the loggers that take samples (0: never).
+    #: every this many steps, at step 1 and at every validation, a few of the rollouts (prompt, response or episode
+    #: turn by turn, reward) to RUN_DIR/samples.jsonl and to the loggers that take samples (0: never).
     save_samples_every: int = attrs.field(default=10, validator=_nonneg)
+    #: of each prompt, at most this many rollouts per save.
+    samples_per_prompt: int = attrs.field(default=2, validator=_pos)
+    #: at most this many rollouts per save in all.
+    max_samples: int = attrs.field(default=16, validator=_pos)
 
 
 @attrs.frozen(kw_only=True)

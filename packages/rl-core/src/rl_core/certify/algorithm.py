@@ -25,8 +25,9 @@ from rl_core.plugins.specs import AlgorithmSpec
 
 #: the steps a certify run trains
 STEPS = 2
-#: metrics that measure time, not training: left out when a resumed step is compared with the uninterrupted one
-_TIMING = ("time/", "seconds", "per_second", "throughput")
+#: metrics that measure the machine (time, memory), not training: left out when a resumed step is compared with the
+#: uninterrupted one
+_TIMING = ("time/", "seconds", "per_second", "throughput", "peak_memory", "startup/")
 
 
 @attrs.frozen(kw_only=True)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,13 +34,26 @@ class WorkerDiedError(RLCoreError):
 def init_ray(cfg: ClusterConfig, *, verbose: bool = True) -> None:
     """Join ``cluster.address`` (or ``RAY_ADDRESS``), else start a local Ray (once per process). Unless
     ``verbose``, Ray's own messages and the workers' output stay off the terminal (workers write
-    ``RUN_DIR/logs/``)."""
+    ``RUN_DIR/logs/``). The process's SIGTERM handler is the one it had before (``ray.init`` installs its own, and
+    its core worker one that prints a raw stack dump and aborts)."""
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     token = use_auth_token(cfg) if address else False  # before Ray is imported: it reads RAY_AUTH_MODE then
     import ray
 
     if ray.is_initialized():
         return
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        _init_ray(cfg, address, token, verbose)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init_ray(cfg: ClusterConfig, address: str | None, token: bool, verbose: bool) -> None:
+    import ray
+
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}}
     if address:
         log.info("joining Ray cluster at %s (token authentication %s)", address, "on" if token else "off")

@@ -31,6 +31,18 @@ if TYPE_CHECKING:
     from rl_core.distributed.cluster import WorkerGroup
 
 
+def peak_memory(_worker: Any = None) -> tuple[str, float]:
+    """The calling process's peak memory so far, in GiB: ``("cuda", allocated)`` where it trains on a GPU, else
+    ``("host", resident set)``."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return "cuda", torch.cuda.max_memory_allocated() / 2**30
+    return "host", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 def start_replicas(
     worker_cls: type[ReplicaWorker] | type[AsyncReplicaWorker],
     config: Config,
@@ -141,7 +153,8 @@ class GroupBackend:
 
     def train(self, batch: TokenBatchT, loss_fn: LossFunction[TokenBatchT]) -> dict[str, float]:
         """One optimizer step per ``policy.train_global_batch_size`` rows; the loss's metrics summed over the ranks
-        (each is a share of the global value), ``grad_norm`` and ``lr`` from rank 0, averaged over the steps."""
+        (each is a share of the global value), ``grad_norm`` and ``lr`` from rank 0, averaged over the steps;
+        ``peak_memory_gib``: the ranks' peak memory so far (``peak_memory``: summed on the host, the largest GPU's)."""
         self._check(batch)
         steps: list[dict[str, float]] = []
         for chunk in B.micro_batches(batch, self.policy.train_global_batch_size, loss_fn.group_size):
@@ -153,7 +166,12 @@ class GroupBackend:
             merged.update(grad_norm=results[0]["grad_norm"], lr=results[0]["lr"])
             steps.append(merged)
         startup, self.startup_metrics = self.startup_metrics, {}
-        return {**{k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}, **startup}
+        peaks = self.group.get([actor.__ray_call__.remote(peak_memory) for actor in self.group.actors])
+        on_gpu = any(kind == "cuda" for kind, _ in peaks)
+        # the ranks' processes share the host's memory; each has its own GPU
+        peak = max(g for _, g in peaks) if on_gpu else sum(g for _, g in peaks)
+        merged = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+        return {**merged, "peak_memory_gib": peak, **startup}
 
     def _logprobs(self, batch: TokenBatch, reference: bool) -> torch.Tensor:
         import torch

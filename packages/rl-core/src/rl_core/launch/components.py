@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -52,6 +53,8 @@ class PreparedRun:
     run_dir: Path
     device: Device
     selections: Selection
+    #: seconds per start-up phase so far (``prepare``, ``warmup``); building the components adds its own.
+    startup: dict[str, float] = attrs.Factory(dict)
 
 
 def make_loggers(config: Config, registry: Registry, run_dir: Path, stack: contextlib.ExitStack) -> list[MetricsLogger]:
@@ -77,9 +80,11 @@ def build_components(
     is built is released by ``stack``."""
 
     config, chosen = prepared.config, prepared.selections
+    began = time.perf_counter()
     rewards = start_rewards(config, registry, stack) if chosen.engine is not None else []
     loggers = make_loggers(config, registry, prepared.run_dir, stack)
     init_ray(config.cluster, verbose=console.verbose)
+    startup = {**prepared.startup, "ray": time.perf_counter() - began}
     environment = None
     if chosen.engine is not None and config.environment.name:
         environment = start_environment(config, registry, stack)
@@ -103,7 +108,9 @@ def build_components(
             stack, lambda: started("rollout engine", engine_spec, lambda: engine_spec.factory(config, section))
         )
     # colocated on GPUs, the engine sizes its memory after the trainer has taken its own: one after the other
-    models = start_all(starts, together=not colocated(config, prepared.device))
+    began = time.perf_counter()
+    models = start_all(starts, together=not colocated(config, prepared.device), seconds=startup)
+    startup["workers"] = time.perf_counter() - began
     return RunContext(
         config=config,
         hook=registry.hook,
@@ -119,17 +126,30 @@ def build_components(
         loggers=loggers,
         environment=environment,
         critic=models.get("critic"),
+        startup=startup,
     )
 
 
-def start_all(starts: Mapping[str, Callable[[], Any]], *, together: bool) -> dict[str, Any]:
+def start_all(
+    starts: Mapping[str, Callable[[], Any]], *, together: bool, seconds: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Each of ``starts`` called, in threads at once when ``together`` (a worker group's start is mostly waiting on
-    its processes: their imports and model loads then overlap), else in order. Every start runs to its end before
-    the first failure (in order) is raised, so that whatever did start is released with the rest."""
+    its processes: their imports and model loads then overlap), else in order; each one's time into ``seconds``.
+    Every start runs to its end before the first failure (in order) is raised, so that whatever did start is
+    released with the rest."""
+    times = seconds if seconds is not None else {}
+
+    def timed(name: str, start: Callable[[], Any]) -> Any:
+        began = time.perf_counter()
+        try:
+            return start()
+        finally:
+            times[name] = time.perf_counter() - began
+
     if not together or len(starts) < 2:
-        return {name: start() for name, start in starts.items()}
+        return {name: timed(name, start) for name, start in starts.items()}
     with concurrent.futures.ThreadPoolExecutor(len(starts), thread_name_prefix="rl-core-start") as pool:
-        futures = {name: pool.submit(start) for name, start in starts.items()}
+        futures = {name: pool.submit(timed, name, start) for name, start in starts.items()}
         concurrent.futures.wait(futures.values())
     return {name: future.result() for name, future in futures.items()}
 

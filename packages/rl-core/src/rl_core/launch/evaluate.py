@@ -9,6 +9,7 @@ The training backend starts too (a run context has one); nothing is trained."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ class EvalSettings:
     out: Path | None = None
 
 
-def eval_config(target: Path, overrides: list[str], out: Path, registry: Registry) -> Config:
+def eval_config(target: Path, overrides: list[str], run_dir: Path, registry: Registry) -> Config:
     """A finished run folder: its config, with its ``final/`` model (merged, if it trained adapters) and no warm-up;
-    any other folder: the built-in default recipe with that model. ``overrides`` last; the output folder is the
-    run folder of the evaluation."""
-    fixed = [f"run_dir={out}", "warmup_recipe=null"]
+    any other folder: the built-in default recipe with that model. ``overrides`` last; ``run_dir``: the run
+    context's folder."""
+    fixed = [f"run_dir={run_dir}", "warmup_recipe=null"]
     if (target / "config.yaml").is_file():
         model = target / "final"
         if not (model / "config.json").is_file():
@@ -84,10 +85,13 @@ def eval_folder(target: Path, out: Path | None) -> Path:
 def run_eval(
     target: Path, overrides: list[str], settings: EvalSettings, registry: Registry, console: RunConsole
 ) -> dict[str, Any]:
-    """Evaluate ``target``; the report (also ``OUT/report.json``, samples in ``OUT/samples.jsonl``)."""
+    """Evaluate ``target``; the report (also ``OUT/report.json``, samples in ``OUT/samples.jsonl``: nothing else
+    is left in OUT but ``rl-core eval``'s ``logs/``, and on a failure the run context's folder ``OUT/.eval-run``)."""
     target = target.resolve()
     out = eval_folder(target, settings.out)
-    config = eval_config(target, overrides, out, registry)
+    # the run context's own files (config, metrics, workers' logs) go to a scratch folder, kept only on failure
+    scratch = out / ".eval-run"
+    config = eval_config(target, overrides, scratch, registry)
     limit = settings.max_rows if settings.max_rows is not None else default_rows(config, registry)
     rows = load_split(config.data, settings.split)[:limit]
     if not rows:
@@ -110,4 +114,5 @@ def run_eval(
     samples = [{"row": i // settings.k, **t} for i, t in enumerate(scored.transcripts)]
     atomic_write_text(out / "samples.jsonl", "".join(json.dumps(s) + "\n" for s in samples))
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    shutil.rmtree(scratch, ignore_errors=True)
     return report

@@ -9,6 +9,7 @@ import contextlib
 import json
 import random
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -95,6 +96,8 @@ def open_run(
 
 def prepare_run(config: Config, registry: Registry, console: RunConsole) -> PreparedRun:
     """Check and prepare ``config`` before any worker starts; runs the warm-up recipe first if there is one."""
+    began = time.perf_counter()
+    startup: dict[str, float] = {}
     run_dir = Path(config.run_dir).resolve()
     check_run_folder(run_dir)
     device = detected_device(config)
@@ -108,7 +111,9 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     if policy.tokenizer_name and not Path(policy.tokenizer_name).is_dir():
         raise InputError(f"policy.tokenizer_name: no tokenizer folder at {policy.tokenizer_name!r}")
     if config.warmup_recipe:
+        warm = time.perf_counter()
         config = _run_warmup(config, registry, run_dir, console)
+        startup["warmup"] = time.perf_counter() - warm
         policy = config.policy
         model = resolve_model_path(policy.model_name)
         check_model_folder(model, trust_remote_code=policy.trust_remote_code)
@@ -129,7 +134,8 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     import torch
 
     torch.manual_seed(config.seed)
-    return PreparedRun(config=config, run_dir=run_dir, device=device, selections=selections)
+    startup["prepare"] = time.perf_counter() - began - startup.get("warmup", 0.0)
+    return PreparedRun(config=config, run_dir=run_dir, device=device, selections=selections, startup=startup)
 
 
 def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunConsole) -> Config:

@@ -62,6 +62,8 @@ class RunConsole:
         self.last_val: dict[str, float] = {}
         self.phase_seconds: dict[str, float] = {}
         self.steps_run = 0
+        #: the step logged last (0 before the first)
+        self.last_step = 0
         self.started = time.monotonic()
 
     # -- lines ----------------------------------------------------------------------------------------------------
@@ -118,6 +120,7 @@ class RunConsole:
                 self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
         if step > 0:
             self.steps_run += 1
+        self.last_step = step
         if self._progress is None or self._task is None:
             self._print(metrics_line(step, total, metrics))
             return
@@ -126,6 +129,30 @@ class RunConsole:
         if validation or step == 0:  # a line that stays: the step and its validation, short enough not to wrap
             kept = {k: v for k, v in metrics.items() if k.startswith("val/") or k == "reward"}
             self._print(metrics_line(step, total, kept))
+
+    def estimate(self, step: int, total: int, seconds: float, metrics: Mapping[str, float]) -> None:
+        """After the first step a process runs: what it took by phase, the time the rest will take at that pace
+        and when it ends, and the trainer's peak memory."""
+        phases = ", ".join(
+            f"{k.removeprefix('time/')} {v:.1f} s"
+            for k, v in metrics.items()
+            if k.startswith("time/") and k != "time/step"
+        )
+        left = (total - step) * seconds
+        ends = time.strftime("%H:%M", time.localtime(time.time() + left))
+        memory = metrics.get("train/peak_memory_gib")
+        self._print(
+            f"step {step} took {seconds:.1f} s"
+            + (f" ({phases})" if phases else "")
+            + (f"; the {total - step} steps left: about {_duration(left)}, ending near {ends}" if total > step else "")
+            + " (validation and checkpoints besides)"
+            + (f"; trainer peak memory {memory:.1f} GiB" if memory else "")
+        )
+
+    def interrupted(self, checkpoint: int | None) -> None:
+        """Ctrl-C or SIGTERM: where the run stopped and what the same command will do."""
+        resumes = f"resumes from its step-{checkpoint} checkpoint" if checkpoint is not None else "starts again"
+        self._print(f"interrupted after step {self.last_step}; the same command {resumes}", style="bold red")
 
     # -- the end ----------------------------------------------------------------------------------------------------
 
@@ -139,7 +166,7 @@ class RunConsole:
             self._print(f"  {key}: {before:.4g} -> {after:.4g}" if before is not None else f"  {key}: {after:.4g}")
         total = sum(self.phase_seconds.values())
         if total > 0:  # shares of the whole run; the rest is what no step phase times
-            parts = [*self.phase_seconds.items(), ("start-up, validation, checkpoints", max(elapsed - total, 0.0))]
+            parts = [*self.phase_seconds.items(), ("start-up and checkpoints", max(elapsed - total, 0.0))]
             phases = ", ".join(f"{k} {v:.0f} s ({100 * v / elapsed:.0f}%)" for k, v in parts)
             self._print(f"  time: {phases}")
         self._print(f"  metrics: {run_dir / 'metrics.jsonl'} (plot: rl-core plot {run_dir})")
@@ -148,3 +175,12 @@ class RunConsole:
         if final is not None:
             self._print(f"  final model (Hugging Face): {final}")
         self._print(f"  logs: {run_dir / 'logs'}")
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``12 min``, ``3 h 05 min``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"

@@ -87,15 +87,25 @@ class RunContext:
     #: the value model trained beside the policy (an algorithm with ``AlgorithmSpec.critic``: PPO); its checkpoint
     #: is each checkpoint's ``critic/``.
     critic: TrainingBackend | None = None
+    #: seconds per start-up phase of this process (``rl_core.launch``), logged with its first step as ``startup/*``.
+    startup: dict[str, float] = attrs.Factory(dict)
 
-    def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]]) -> None:
-        """Every ``logger.save_samples_every`` steps, a few rollouts (prompt, turns, reward) to RUN_DIR/samples.jsonl
-        and to each logger that takes samples (an optional ``log_samples(step, rows)``)."""
+    def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]], *, split: str = "train") -> None:
+        """A few rollouts (prompt, turns, reward; grouped by prompt) to RUN_DIR/samples.jsonl and to each logger that
+        takes samples (an optional ``log_samples(step, rows)``): the first ``logger.samples_per_prompt`` of each
+        prompt, at most ``logger.max_samples`` rows, at step 1 (the model before any update), every
+        ``logger.save_samples_every`` steps and at every validation (``split="val"``)."""
 
-        every = self.config.logger.save_samples_every
-        if not (transcripts and every and step % every == 0):
+        cfg = self.config.logger
+        due = split != "train" or step == 1 or step % cfg.save_samples_every == 0
+        if not (transcripts and cfg.save_samples_every and due):
             return
-        rows = [{"step": step, **t} for t in transcripts[:4]]
+        per_prompt: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        for t in transcripts:
+            seen = per_prompt[str(t.get("prompt"))] = per_prompt.get(str(t.get("prompt")), 0) + 1
+            if seen <= cfg.samples_per_prompt and len(rows) < cfg.max_samples:
+                rows.append({"step": step, "split": split, **t})
         with (self.run_dir / "samples.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         for logger in self.loggers:

@@ -4,6 +4,7 @@ each step run it, validate, log and checkpoint."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,7 +51,7 @@ def run_loop(
     *,
     rows_per_step: int,
     total_steps: int,
-    validate: Callable[[list[Example]], dict[str, float]],
+    validate: Callable[[list[Example], int], dict[str, float]],
     val_period: int,
     val_at_start: bool,
     max_val_samples: int,
@@ -58,10 +59,11 @@ def run_loop(
     stepper: Callable[[EpochSampler, int, Mapping[str, Any] | None], Stepper] | None = None,
 ) -> dict[str, float]:
     """Steps ``start+1 .. total_steps`` (``start``: the resumed checkpoint's step, else 0): ``step_fn(sampler,
-    step)`` (or the steps of ``stepper(sampler, start, resumed_state)``), validation every ``val_period`` (on at
-    most ``max_val_samples`` held-out rows), logging, a checkpoint every ``checkpointing.save_period``. After a
-    resume (or with a starting LoRA adapter), a rollout engine first gets the trainer's weights. Returns the last step's
-    metrics."""
+    step)`` (or the steps of ``stepper(sampler, start, resumed_state)``), validation every ``val_period``
+    (``validate(rows, step)`` on at most ``max_val_samples`` held-out rows, timed as ``time/validate``), logging, a
+    checkpoint every ``checkpointing.save_period``. After a resume (or with a starting LoRA adapter), a rollout
+    engine first gets the trainer's weights. The first step run logs the start-up's phases (``startup/*``) and the
+    console estimates the rest of the run from it. Returns the last step's metrics."""
     train = load_split(ctx.config.data, "train")
     val = load_split(ctx.config.data, "val")[:max_val_samples]
     state = ctx.resume()
@@ -77,15 +79,26 @@ def run_loop(
         steps = _StepFn(step_fn, sampler)
     # a run resumed at its last step runs no step: its final metrics are the checkpoint's
     metrics: dict[str, float] = dict((state or {}).get("metrics", {}))
+
+    def validated(step: int) -> dict[str, float]:
+        began = time.perf_counter()
+        return {**validate(val, step), "time/validate": time.perf_counter() - began}
+
+    startup = {f"startup/{k}": v for k, v in ctx.startup.items()}
     try:
         with ctx.console.steps(f"{ctx.config.algorithm} steps", total_steps, start):
             if start == 0 and val_at_start and val:
-                ctx.log(0, validate(val), total_steps)
+                ctx.log(0, {**validated(0), **startup}, total_steps)
+                startup = {}
             for step in range(start + 1, total_steps + 1):
+                began = time.perf_counter()
                 metrics = ctx.step(step, functools.partial(steps.step, step))
+                if step == start + 1:
+                    ctx.console.estimate(step, total_steps, time.perf_counter() - began, metrics)
                 if val and ctx.due(step, val_period, total_steps):
-                    metrics = {**metrics, **validate(val)}
-                ctx.log(step, metrics, total_steps)
+                    metrics = {**metrics, **validated(step)}
+                ctx.log(step, {**metrics, **startup}, total_steps)
+                startup = {}
                 if ctx.due(step, ctx.config.checkpointing.save_period, total_steps):
                     ctx.save(step, steps.state(step), metrics)
     finally:

@@ -59,7 +59,7 @@ def run_on_policy(
         total_steps=cfg.max_num_steps,
         step_fn=step,
         stepper=stepper,
-        validate=lambda rows: validate_rollouts(ctx, rows, ctx.config.seed),
+        validate=lambda rows, step: validate_rollouts(ctx, rows, ctx.config.seed, step=step),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
         max_val_samples=cfg.max_val_samples,

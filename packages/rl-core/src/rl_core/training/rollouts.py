@@ -174,12 +174,15 @@ def rollout_batch(rollouts: Sequence[Rollout], pad_id: int, limit: int) -> Polic
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask, "generation_logprobs": gen_logprobs}
 
 
-def validate_rollouts(ctx: RunContext, rows: Sequence[Example], seed: int) -> dict[str, float]:
+def validate_rollouts(ctx: RunContext, rows: Sequence[Example], seed: int, step: int | None = None) -> dict[str, float]:
     """Greedy generation on held-out prompts: mean reward and response length (``rl-core eval`` with its defaults
-    runs the same code)."""
+    runs the same code); with ``step``, a few of the samples kept as that step's validation samples."""
     if not rows:
         return {}
-    m = heldout_metrics(generate_and_score(ctx, rows, sampling(ctx, 1, seed, greedy=True), Phases()), 1)
+    scored = generate_and_score(ctx, rows, sampling(ctx, 1, seed, greedy=True), Phases())
+    if step is not None:
+        ctx.keep_samples(step, scored.transcripts, split="val")
+    m = heldout_metrics(scored, 1)
     return {"val/reward": m["reward"], "val/response_length": m["response_length"]}
 
 

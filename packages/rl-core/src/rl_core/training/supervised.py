@@ -46,7 +46,7 @@ def run_supervised(
         rows_per_step=rows_per_step,
         total_steps=cfg.max_num_steps,
         step_fn=lambda sampler, _step: prefixed("train", ctx.backend.train(encode(sampler.next()), loss_fn)),
-        validate=lambda rows: validation_loss(ctx, encode(rows), loss_fn),
+        validate=lambda rows, _step: validation_loss(ctx, encode(rows), loss_fn),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
         max_val_samples=cfg.max_val_samples,
