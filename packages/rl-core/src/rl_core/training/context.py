@@ -4,6 +4,7 @@ the small pieces it uses every step (phase timing, scoring, logging, checkpoints
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import json
 import random
@@ -100,11 +101,11 @@ class RunContext:
         due = split != "train" or step == 1 or step % cfg.save_samples_every == 0
         if not (transcripts and cfg.save_samples_every and due):
             return
-        per_prompt: dict[str, int] = {}
+        seen: collections.Counter[str] = collections.Counter()
         rows: list[dict[str, Any]] = []
         for t in transcripts:
-            seen = per_prompt[str(t.get("prompt"))] = per_prompt.get(str(t.get("prompt")), 0) + 1
-            if seen <= cfg.samples_per_prompt and len(rows) < cfg.max_samples:
+            seen[str(t.get("prompt"))] += 1
+            if seen[str(t.get("prompt"))] <= cfg.samples_per_prompt and len(rows) < cfg.max_samples:
                 rows.append({"step": step, "split": split, **t})
         with (self.run_dir / "samples.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
