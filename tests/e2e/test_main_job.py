@@ -1,5 +1,6 @@
 """The main job as a user runs it (``rl-core run`` in a subprocess): the default recipe improves held-out reward,
-and a run killed with SIGKILL resumes to the metrics it had logged and to the same figures."""
+and a run killed with SIGKILL resumes to the metrics it had logged and to the same figures. The recipes that start
+from its models (distillation, PPO) and the greedy eval run in this process, on the session's Ray."""
 
 import json
 import os
@@ -10,6 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+
+from rl_core.config.loader import load_config
+from rl_core.launch.evaluate import EvalSettings, run_eval
+from rl_core.launch.run import run_config
+from rl_core.outputs.console import RunConsole
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -138,7 +144,14 @@ def test_default_recipe_improves_heldout_reward(request: pytest.FixtureRequest, 
     assert after >= 0.95, f"held-out reward did not reach the README's figure: {before:.3f} -> {after:.3f}"
 
 
-def test_distillation_recipe_lifts_the_student_to_its_teacher(lora_recipe_run: tuple, tmp_path: Path):
+def run_here(recipe: str, run: Path, overrides: list[str], registry) -> None:
+    """``rl-core run examples/configs/RECIPE run_dir=RUN OVERRIDES`` in this process."""
+    run_config(load_config(ROOT / "examples/configs" / recipe, [f"run_dir={run}", *overrides], registry), registry)
+
+
+def test_distillation_recipe_lifts_the_student_to_its_teacher(
+    lora_recipe_run: tuple, ray_session, rl_registry, tmp_path: Path
+):
     """examples/configs/distill.yaml with the LoRA recipe's models: its warm-up model (at chance) is the student, its
     GRPO-trained model the teacher; the teacher's per-token signal alone (no task reward) must lift the student's
     held-out reward from chance to >= 0.9 (the docs' figure), and the reverse KL to the teacher must fall."""
@@ -151,7 +164,7 @@ def test_distillation_recipe_lifts_the_student_to_its_teacher(lora_recipe_run: t
         "policy.generation.backend=hf",
         "logger.progress=false",
     ]
-    finish(start(run, *overrides, config=ROOT / "examples/configs/distill.yaml"))
+    run_here("distill.yaml", run, overrides, rl_registry)
     before, after = heldout(run)
     rows = metrics(run)
     kl = [rows[s]["distill/reverse_kl"] for s in sorted(rows) if "distill/reverse_kl" in rows[s]]
@@ -160,7 +173,9 @@ def test_distillation_recipe_lifts_the_student_to_its_teacher(lora_recipe_run: t
     assert kl[-1] < kl[0] / 2, kl
 
 
-def test_ppo_recipe_learns_with_its_critic_and_resumes_both(lora_recipe_run: tuple, tmp_path: Path):
+def test_ppo_recipe_learns_with_its_critic_and_resumes_both(
+    lora_recipe_run: tuple, ray_session, rl_registry, tmp_path: Path, capsys
+):
     """examples/configs/ppo.yaml from the LoRA recipe's warm-up model (at chance; the recipe's own warm-up would
     remake it): PPO with a critic must take held-out reward to >= 0.95 (the README's figure) while the critic's
     loss falls; every checkpoint holds the critic, and a run resumed from the last one carries on with the trained
@@ -172,8 +187,9 @@ def test_ppo_recipe_learns_with_its_critic_and_resumes_both(lora_recipe_run: tup
         "logger.progress=false",
     ]
     begun = time.monotonic()
-    out = finish(start(run, *overrides, config=ROOT / "examples/configs/ppo.yaml"))
+    run_here("ppo.yaml", run, overrides, rl_registry)
     seconds = time.monotonic() - begun
+    out = capsys.readouterr().out
     assert "starting the critic (dtensor, 1 rank(s))" in out and (run / "logs" / "value-0.log").is_file()
     before, after = heldout(run)
     rows = metrics(run)
@@ -186,29 +202,25 @@ def test_ppo_recipe_learns_with_its_critic_and_resumes_both(lora_recipe_run: tup
     assert "train/loss" not in rows[1] and "train/loss" in rows[3], "the critic's warm-up steps train no policy"
     last = max(int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*"))
     assert (run / "checkpoints" / f"step_{last:06d}" / "critic" / "extra.pt").is_file()
-    finish(start(run, *overrides, "ppo.max_num_steps=62", config=ROOT / "examples/configs/ppo.yaml"))
+    run_here("ppo.yaml", run, [*overrides, "ppo.max_num_steps=62"], rl_registry)
     resumed = metrics(run)
     assert max(resumed) == 62 and resumed[61]["critic/loss"] < critic[0] / 4, (critic[0], resumed[61])
 
 
-def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: Path):
-    """``rl-core eval`` with its defaults (one greedy sample, the recipe's seed and validation rows) gives the run's
+def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, ray_session, rl_registry, tmp_path: Path):
+    """Evaluation with its defaults (one greedy sample, the recipe's seed and validation rows) gives the run's
     validation figure back exactly: of its warm-up model (a model folder, the built-in recipe) the step-0
-    val/reward (0.542, not a trivial 1.0). Of the finished run folder with -k 4 at temperature 1: pass@4 and maj@4
-    over 4 samples a row, each sample in samples.jsonl."""
+    val/reward (0.542, not a trivial 1.0), in this process. ``rl-core eval`` of the finished run folder with -k 4 at
+    temperature 1: pass@4 and maj@4 over 4 samples a row, each sample in samples.jsonl, and only its report, samples
+    and logs in its folder."""
     run = lora_recipe_run[0]
-    cmd = [sys.executable, "-m", "rl_core.cli", "eval"]
-    greedy = subprocess.run(
-        [*cmd, str(run / "warmup" / "final"), "policy.generation.backend=hf", "-o", str(tmp_path / "greedy")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert greedy.returncode == 0, greedy.stdout[-3000:] + greedy.stderr[-3000:]
-    report = json.loads((tmp_path / "greedy" / "report.json").read_text())
-    assert sorted(p.name for p in (tmp_path / "greedy").iterdir()) == ["logs", "report.json", "samples.jsonl"]
+    settings = EvalSettings(out=tmp_path / "greedy")
+    console = RunConsole(progress=False)
+    report = run_eval(run / "warmup" / "final", ["policy.generation.backend=hf"], settings, rl_registry, console)
+    assert sorted(p.name for p in (tmp_path / "greedy").iterdir()) == ["report.json", "samples.jsonl"]
     assert report["reward"] == heldout(run)[0] and report["rows"] == 83, report
-    assert report["sampling"]["temperature"] == 0.0 and "pass@1" in greedy.stdout
+    assert report["sampling"]["temperature"] == 0.0 and report["pass@1"] == report["reward"]
+    cmd = [sys.executable, "-m", "rl_core.cli", "eval"]
     sampled = subprocess.run(
         [*cmd, str(run), "-k", "4", "--temperature", "1.0", "--json", "-o", str(tmp_path / "k4")],
         capture_output=True,
@@ -217,6 +229,7 @@ def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, tmp_path: P
     )
     assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
     report = json.loads((tmp_path / "k4" / "report.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "k4").iterdir()) == ["logs", "report.json", "samples.jsonl"]
     samples = [json.loads(line) for line in (tmp_path / "k4" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * 83 and samples[-1]["row"] == 82
     # the figures recomputed from the samples (any grouping of 0/1 rewards has pass@4 >= maj@4: that proves nothing)

@@ -237,6 +237,14 @@ def _report_faults(runner: EnvironmentRunner, faulty: Sequence[Episode], tok: An
     )
 
 
+def turn_seed(seed: int | None, turn: int, episode: int | None = None) -> int | None:
+    """The seed of a turn's engine call: from (seed, turn) for a call of every episode at once, and from the
+    episode's number too for a call of its own."""
+    if seed is None:
+        return None
+    return seed * 1009 + turn if episode is None else ((seed * 1009 + turn) * 1_000_003 + episode) % 2**31
+
+
 def streaming(schedule: str, engine: RolloutEngine) -> bool:
     """Whether episodes run on their own (``auto``: when the engine batches concurrent calls)."""
     return schedule == "streaming" or (schedule == "auto" and bool(getattr(engine, "concurrent_requests", False)))
@@ -252,15 +260,12 @@ class Turns:
 
     def sampling(self, turn: int, episode: int | None = None) -> SamplingParams:
         """One turn's sampling: a call's seed from (seed, turn), and with ``episode`` from that episode too."""
-        seed = self.params.seed
-        if seed is not None:
-            seed = seed * 1009 + turn if episode is None else ((seed * 1009 + turn) * 1_000_003 + episode) % 2**31
         return attrs.evolve(
             self.params,
             n=1,
             max_new_tokens=self.runner.cfg.max_tokens_per_turn or self.params.max_new_tokens,
             stop_strings=tuple(self.params.stop_strings) + self.runner.stop_strings,
-            seed=seed,
+            seed=turn_seed(self.params.seed, turn, episode),
         )
 
     def model_turn(self, episode: Episode, out: Rollout) -> str | None:
