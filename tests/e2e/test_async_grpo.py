@@ -14,7 +14,6 @@ import pytest
 
 from rl_core.launch.run import run_config
 from rl_core.outputs.console import RunConsole
-from rl_core.plugins.registry import Registry
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -48,14 +47,13 @@ def rows(run_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_staleness_is_bounded_and_every_rollout_is_trained_on(ray_session, make_config, tmp_path: Path):
-    registry = Registry.discover()
+def test_staleness_is_bounded_and_every_rollout_is_trained_on(ray_session, rl_registry, make_config, tmp_path: Path):
     runs = {}
     for mode, extra in {"sync": [], "bounded": ["grpo.async_mode=bounded", "grpo.max_staleness=2"]}.items():
         config = make_config(
             *RAW, f"run_dir={tmp_path / mode}", "grpo.max_num_steps=6", "policy.generation.backend=hf", *extra
         )
-        run_config(config, registry, RunConsole(progress=False))
+        run_config(config, rl_registry, RunConsole(progress=False))
         runs[mode] = rows(tmp_path / mode)
     bounded, sync = runs["bounded"], runs["sync"]
     assert [bounded[s]["async/staleness"] for s in range(1, 7)] == [0, 1, 2, 2, 2, 2]
