@@ -1,17 +1,17 @@
 """Reward-model training end to end, and the loop it closes: the recipe learns held-out preference pairs; its
 ``final/`` is a reward model that ``rl-reward-server`` serves as it is (over HTTP, the rewards training read); GRPO
 against that served model (``examples/configs/grpo_reward_model.yaml``) makes the policy right under the held-out
-rule it never saw (``rl-core eval`` with the exact-match rule)."""
+rule it never saw (``rl-core eval``'s ``run_eval`` with the exact-match rule, in this process)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rl_core.config.loader import load_config
+from rl_core.launch.evaluate import EvalSettings, run_eval
 from rl_core.launch.run import run_config
+from rl_core.outputs.console import RunConsole
 from rl_reward_server.client import RemoteConfig, RemoteRewardSource
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -54,21 +54,6 @@ def test_a_trained_reward_model_is_served_as_trained_and_grpo_against_it_learns_
     run_config(load_config(CONFIGS / "grpo_reward_model.yaml", overrides, rl_registry), rl_registry)
     learned = val_rows(grpo, "val/reward")
     assert learned[-1] > learned[0] + 2, learned  # the reward model's own score
-    rule = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rl_core.cli",
-            "eval",
-            str(grpo),
-            "reward.sources=[{name: exact_match}]",
-            "-o",
-            str(tmp_path / "rule"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert rule.returncode == 0, rule.stdout[-3000:] + rule.stderr[-3000:]
-    report = json.loads((tmp_path / "rule" / "report.json").read_text())
+    settings = EvalSettings(out=tmp_path / "rule")
+    report = run_eval(grpo, ["reward.sources=[{name: exact_match}]"], settings, rl_registry, RunConsole(progress=False))
     assert report["reward"] >= 0.95, report  # the warm-up model this starts from: 0.542 (test_main_job.py)

@@ -175,6 +175,24 @@ def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path
     assert_same(resumed, uninterrupted, atol=1e-6)
 
 
+def test_a_tied_output_layer_is_refit_once(ray_session, rl_registry, tmp_path):
+    """Tied embeddings on two ranks (the gathered path): the refit sends the tensors the model's own checkpoint
+    holds, the embedding once and no ``lm_head.weight`` copy of it, each equal to the file's."""
+    from safetensors.torch import load_file
+
+    from rl_core.data.tiny_models import ensure_tiny_model
+
+    path = ensure_tiny_model("qwen2-tiny-tied")
+    backend = make_backend(rl_registry, path, tmp_path / "run", "policy.num_workers=2")
+    try:
+        sent = weights(backend)
+    finally:
+        backend.shutdown()
+    stored = load_file(str(path / "model.safetensors"))
+    assert "lm_head.weight" not in stored and sent.keys() == stored.keys()
+    assert all(torch.equal(sent[k], stored[k]) for k in stored)
+
+
 def test_conformance_suite(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
     backend = make_backend(
         rl_registry, tiny_model_path, tmp_path / "run", "policy.dtensor_cfg.activation_checkpointing=true"

@@ -31,6 +31,13 @@ def full_state_dict(
     return full
 
 
+def tied_copies(model: Any) -> set[str]:
+    """The state-dict names that are a second name of another parameter (tied embeddings: ``lm_head.weight`` beside
+    ``embed_tokens.weight``): a refit sends each tensor once, as a Hugging Face checkpoint stores it."""
+    kept = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return set(model.state_dict()) - kept
+
+
 def save_checkpoint(model: Any, optimizer: Any, scheduler: Any, path: str, *, rank: int, adapters: bool) -> None:
     """Model and optimizer shards at ``path`` (with LoRA, ``adapters``: the adapters only, the base is the model
     folder's), rank 0's scheduler and RNG state in ``extra.pt``."""

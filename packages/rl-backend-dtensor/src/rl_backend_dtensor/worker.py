@@ -71,6 +71,7 @@ class DTensorWorker:
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         self.model = self._load(trainable=True)
+        self.tied_copies = {lora.plain_name(n) for n in weights.tied_copies(self.model)}  # the plain model's names
         trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
         self.optimizer = make_optimizer(trained, self.policy.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.policy.scheduler)
@@ -199,13 +200,15 @@ class DTensorWorker:
 
     def weights_for_refit(self, route: RefitRoute) -> RefitPayload | None:
         """Rank 0's weights as a refit payload: the plain model's (Hugging Face names; with LoRA the adapters merged
-        in), or with ``route.adapters_only`` the adapters' alone (``peft`` names). Other ranks take part in the
-        gather and return None. On GPU the weights stay on the device (the GPU routes read them there)."""
+        in; a tied output layer sent once, as its embedding), or with ``route.adapters_only`` the adapters' alone
+        (``peft`` names). Other ranks take part in the gather and return None. On GPU the weights stay on the
+        device (the GPU routes read them there)."""
         on_device = self.device.type == "cuda"
         if route.adapters_only and self.lora.enabled:
             full = weights.full_state_dict(self.model, self.world_size, on_device=on_device, adapters_only=True)
         else:
             full = self._hf_weights(on_device)
+            full = {n: t for n, t in full.items() if n not in self.tied_copies}
         return self.refit_sender.publish(full, route) if self.rank == 0 else None
 
     def save_checkpoint(self, path: str) -> None:

@@ -97,7 +97,7 @@ def run_eval(
     if not rows:
         raise InputError(f"no {settings.split} rows to evaluate on (data.num_{settings.split}, or the data files)")
     greedy = settings.temperature is None and settings.k == 1
-    with open_run(config, registry, console, critic=False) as ctx:
+    with open_run(config, registry, console, trains=False) as ctx:
         params = sampling(ctx, settings.k, config.seed, greedy=greedy)
         if settings.temperature is not None:
             params = attrs.evolve(params, temperature=settings.temperature)

@@ -33,6 +33,7 @@ from rl_core.launch.checks import (
 )
 from rl_core.launch.components import PreparedRun, build_components
 from rl_core.launch.folder import COMPLETE, finished_metrics, run_identity, run_lock
+from rl_core.launch.memory import estimate_memory
 from rl_core.outputs.checkpoint import atomic_folder, atomic_write_text
 from rl_core.outputs.console import RunConsole
 from rl_core.plugins.registry import Registry
@@ -82,20 +83,21 @@ def run_config(
 
 @contextlib.contextmanager
 def open_run(
-    config: Config, registry: Registry, console: RunConsole | None = None, *, critic: bool = True
+    config: Config, registry: Registry, console: RunConsole | None = None, *, trains: bool = True
 ) -> Iterator[RunContext]:
     """A prepared run with its components built, released when the block ends (benchmarks and tests drive steps
-    themselves with it; ``run_config`` runs the algorithm in it; ``critic=False`` leaves an algorithm's critic
-    unstarted). The run folder is locked meanwhile."""
+    themselves with it; ``run_config`` runs the algorithm in it; ``trains=False``, evaluation: an algorithm's
+    critic is not started, and the trainer's memory not estimated). The run folder is locked meanwhile."""
     console = console or RunConsole(progress=config.logger.progress)
     with run_lock(Path(config.run_dir).resolve()):
-        prepared = prepare_run(config, registry, console)
+        prepared = prepare_run(config, registry, console, trains=trains)
         with contextlib.ExitStack() as stack:
-            yield build_components(prepared, registry, console, stack, critic=critic)
+            yield build_components(prepared, registry, console, stack, critic=trains)
 
 
-def prepare_run(config: Config, registry: Registry, console: RunConsole) -> PreparedRun:
-    """Check and prepare ``config`` before any worker starts; runs the warm-up recipe first if there is one."""
+def prepare_run(config: Config, registry: Registry, console: RunConsole, *, trains: bool = True) -> PreparedRun:
+    """Check and prepare ``config`` before any worker starts; runs the warm-up recipe first if there is one. With
+    ``trains``, the console says what memory the trainer will need."""
     began = time.perf_counter()
     startup: dict[str, float] = {}
     run_dir = Path(config.run_dir).resolve()
@@ -130,6 +132,8 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole) -> Prep
     for line in selections.lines().values():
         if not line.startswith("algorithm"):
             console.info(line)
+    if trains:
+        console.info(estimate_memory(config, model).line())
     random.seed(config.seed)
     import torch
 
