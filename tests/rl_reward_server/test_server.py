@@ -99,10 +99,10 @@ def test_math_over_http_and_conformance(start_server):
     check_reward_source(MathVerifyScorer(), ["q", "q"], ["1/2", "3"], [{"answer": "0.5"}, {"answer": "2"}], [1.0, 0.0])
 
 
-def test_two_thousand_requests_from_64_clients(start_server):
+def test_a_thousand_requests_from_64_clients_are_batched(start_server):
     # a generous wait bound, so that batching shows even when the machine is busy and requests trickle in
     server = start_server("--scorer", "number_match", "--micro-batch-size", "64", "--max-wait-ms", "50")
-    n = 2000
+    n = 1000  # the benchmark sends 2000 (docs/benchmarks.md); the batching shows in a thousand
 
     def expected(i: int) -> float:
         return 1.0 if i % 3 else 0.0
