@@ -179,6 +179,41 @@ def test_the_engine_compiles_through_the_cache_that_later_starts_read_back(engin
     assert aot is False and root == str(cache_root() / "vllm")
 
 
+def test_a_new_folder_of_the_model_compiles_on_the_shared_stand_in_with_its_own_weights(
+    ray_session, config, tiny_model_path, tokenizer, tmp_path: Path
+):
+    """vLLM keys its compile cache by the model's path: each run's new warm-up folder compiled again (~26 s). A
+    folder with other weights of the same model shares the original's stand-in (configs and tokenizer, named by
+    their content) and the engine on it generates with the folder's own weights: its logprobs are Hugging Face's
+    on that folder, not the stand-in's first model's."""
+    import shutil
+
+    import attrs
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from rl_core.certify.conformance import hf_logprobs
+    from rl_rollout_vllm.compile_alias import compile_alias
+    from rl_rollout_vllm.engine import make_engine
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_path, other)
+    weights = load_file(str(other / "model.safetensors"))
+    save_file({k: v * 1.5 if v.ndim == 2 else v for k, v in weights.items()}, str(other / "model.safetensors"))
+    assert compile_alias(str(other)) == compile_alias(str(tiny_model_path)) is not None
+    cfg = attrs.evolve(config, policy=attrs.evolve(config.policy, model_name=str(other)))
+    engine = make_engine(cfg, attrs.evolve(cfg.section("policy.generation.vllm_cfg"), async_engine=False))
+    try:
+        assert in_engine_actor(engine, lambda w: w.llm.llm_engine.model_config.model) == str(compile_alias(str(other)))
+        _, batch = rollouts_and_batch(engine, tokenizer, seed=3)
+    finally:
+        engine.shutdown()
+    mask = batch["loss_mask"].bool()
+    gap = lambda path: float((batch["generation_logprobs"] - hf_logprobs(path, batch))[mask].abs().max())  # noqa: E731
+    assert gap(other) < 1e-4 and gap(tiny_model_path) > 1e-2, (gap(other), gap(tiny_model_path))
+    assert torch.isfinite(batch["generation_logprobs"][mask]).all()
+
+
 def test_stream_yields_every_rollout(engine, tokenizer):
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     params = SamplingParams(n=3, max_new_tokens=8, seed=7)

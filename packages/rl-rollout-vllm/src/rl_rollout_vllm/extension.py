@@ -40,18 +40,19 @@ class RefitExtension:
             self.model_runner.reload_weights(weights_iterator=named)
         return received_stats(named, weights, time.perf_counter() - start)
 
+    def rl_load_folder(self, folder: str) -> None:
+        """The weights of the model folder ``folder`` (an engine started with dummy weights on its compile
+        stand-in, ``rl_rollout_vllm.compile_alias``); the folder the adapters' base is read from."""
+        self._weights_folder = folder
+        self.model_runner.reload_weights(weights_iterator=list(_folder_weights(folder).items()))
+
     def _merged(self, adapters: dict[str, Any], scale: float) -> list[tuple[str, Any]]:
         """Every weight of the base model (the folder vLLM loaded), with each adapted one's ``scale * B @ A`` added."""
         base = getattr(self, "_lora_base", None)
         if base is None:
-            from pathlib import Path
-
-            from safetensors.torch import load_file
-
-            base = {}
-            for path in sorted(Path(self.model_runner.model_config.model).glob("*.safetensors")):
-                base.update(load_file(str(path)))
-            self._lora_base = base
+            base = self._lora_base = _folder_weights(
+                getattr(self, "_weights_folder", None) or self.model_runner.model_config.model
+            )
         import torch
 
         pairs = lora.pairs(adapters)
@@ -64,3 +65,15 @@ class RefitExtension:
             return torch.addmm(w, b.to(w.device, w.dtype), a.to(w.device, w.dtype), alpha=scale)
 
         return [(name, merged(name, t) if name in pairs else t) for name, t in base.items()]
+
+
+def _folder_weights(folder: str) -> dict[str, Any]:
+    """The tensors of a model folder's safetensors files."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    weights: dict[str, Any] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        weights.update(load_file(str(path)))
+    return weights

@@ -24,6 +24,7 @@ from rl_core.api import (
     receive_weights,
     thread_budget,
 )
+from rl_rollout_vllm.compile_alias import compile_alias
 from rl_rollout_vllm.config import VllmConfig
 
 MISSING_VLLM = (
@@ -89,8 +90,18 @@ def start_engine(async_engine: bool, *, model_path: str, cfg: VllmConfig, replic
         # Ray starts actors with OMP_NUM_THREADS=1, and the in-process CPU engine keeps the thread count it finds
         # (vLLM binds threads only for the worker processes it spawns itself): 1.6x slower decoding on 2 cores.
         torch.set_num_threads(cfg.threads or thread_budget(max(1, len(os.sched_getaffinity(0)) // replicas)))
+    # the in-process engine compiles on a stand-in folder that other folders of the same model share, then loads
+    # this folder's weights (the async engine, the GPU default, loads the folder itself: not checked on a GPU yet)
+    alias = None if async_engine or cfg.enforce_eager else compile_alias(model_path)
+    if alias is not None:
+        args.update(model=str(alias), tokenizer=model_path, load_format="dummy")
     try:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args)) if async_engine else LLM(**args)
+        if async_engine:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        llm = LLM(**args)
+        if alias is not None:
+            llm.collective_rpc("rl_load_folder", args=(model_path,))
+        return llm
     except Exception as exc:
         raise InputError(f"vLLM cannot load the model folder {model_path!r}: {type(exc).__name__}: {exc}") from None
 
