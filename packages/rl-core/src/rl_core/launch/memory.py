@@ -40,7 +40,7 @@ class MemoryEstimate:
 
         trained = "" if self.trainable == self.parameters else f", {self.trainable / 1e6:.2f}M of them trained"
         return (
-            f"trainer memory: about {gib(self.total)} at its peak ({self.parameters / 1e6:.1f}M parameters"
+            f"trainer memory: up to about {gib(self.total)} at its peak ({self.parameters / 1e6:.1f}M parameters"
             f"{trained}: weights, gradients and optimizer state {gib(self.model_states)}; a micro-batch's "
             f"activations {gib(self.activations)}, its logits {gib(self.logits)}), besides the processes' own "
             "(about 1 GiB a rank); policy.train_micro_batch_size scales the last two"
