@@ -144,3 +144,24 @@ def test_a_model_id_resolves_from_the_local_hugging_face_cache_offline(tmp_path:
     assert Path(resolve_model_path("someone/tiny")) == snapshot
     with pytest.raises(InputError, match=r"policy.model_name: 'someone/absent' is not a local folder .* nor a model"):
         resolve_model_path("someone/absent")
+
+
+def test_the_sampler_walks_each_epochs_seeded_shuffle_and_resumes_at_its_position():
+    """Batches follow epoch ``e``'s order ``shuffle(range(n), Random(seed * 1_000_003 + e))`` across epoch ends
+    (the order each run and each resume reproduces: the README's figures depend on it), shuffled once per epoch."""
+    import random
+
+    from rl_core.data.prompts import EpochSampler
+
+    rows = [{"prompt": str(i)} for i in range(5)]
+
+    def order(epoch: int) -> list[int]:
+        ids = list(range(5))
+        random.Random(1 * 1_000_003 + epoch).shuffle(ids)
+        return ids
+
+    expected = [rows[order(p // 5)[p % 5]] for p in range(12)]
+    sampler = EpochSampler(rows, 3, seed=1)
+    assert [row for _ in range(4) for row in sampler.next()] == expected
+    resumed = EpochSampler(rows, 3, seed=1, position=7)
+    assert resumed.next() + resumed.next() == [*expected[7:12], rows[order(2)[2]]]

@@ -291,11 +291,14 @@ class EpochSampler:
         if not rows:
             raise InputError("the dataset is empty")
         self.rows, self.batch_size, self.seed, self.position = rows, batch_size, seed, position
+        self._shuffled: tuple[int, list[int]] | None = None  # the current epoch's order, shuffled once
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.rows)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        if self._shuffled is None or self._shuffled[0] != epoch:
+            order = list(range(len(self.rows)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._shuffled = (epoch, order)
+        return self._shuffled[1]
 
     def next(self) -> list[Example]:
         out = []
