@@ -63,3 +63,19 @@ def test_with_lora_the_optimizer_state_is_the_adapters(make_config, tiny_model_p
     )
     assert estimate.model_states == 4 * (estimate.parameters + 3 * trainable)
     assert "trainer memory: up to about" in estimate.line() and "of them trained" in estimate.line()
+
+
+def test_a_model_the_estimate_cannot_build_still_runs_and_says_so(make_config, tiny_model_path, monkeypatch, capsys):
+    from rl_core.launch import run
+    from rl_core.outputs.console import RunConsole
+    from rl_core.plugins.registry import Registry
+
+    def fails(config, model):
+        raise ValueError("no meta-device build for this architecture")
+
+    monkeypatch.setattr(run, "estimate_memory", fails)
+    config = make_config(f"policy.model_name={tiny_model_path}", "warmup_recipe=null")
+    run.prepare_run(config, Registry.discover(), RunConsole(progress=False))
+    assert "trainer memory: not estimated (ValueError: no meta-device build" in " ".join(
+        capsys.readouterr().out.split()
+    )

@@ -133,7 +133,10 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole, *, trai
         if not line.startswith("algorithm"):
             console.info(line)
     if trains:
-        console.info(estimate_memory(config, model).line())
+        try:
+            console.info(estimate_memory(config, model).line())
+        except Exception as exc:  # an estimate never stops a run: a model the meta device cannot build, say
+            console.info(f"trainer memory: not estimated ({type(exc).__name__}: {exc})")
     random.seed(config.seed)
     import torch
 
