@@ -16,6 +16,8 @@ from rl_core.launch.run import run_config
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_calculator.yaml"
+AGENT_RECIPE = RECIPE.with_name("grpo_calculator_agent.yaml")
+SHORT = ["logger.progress=false", "grpo.max_num_steps=20", "grpo.val_period=20"]
 
 
 def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
@@ -36,17 +38,23 @@ def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
     return right / len(prompts)
 
 
-def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_path: Path):
+def metrics(run: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def builtin_run(ray_session, rl_registry, tmp_path_factory) -> Path:
+    """The recipe, shortened; one run for both tests."""
+    run = tmp_path_factory.mktemp("calculator") / "run"
+    run_config(load_config(RECIPE, [f"run_dir={run}", *SHORT], rl_registry), rl_registry)
+    return run
+
+
+def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path):
     from rl_core.data.prompts import calculator_task
 
-    run = tmp_path / "run"
-    config = load_config(
-        RECIPE,
-        [f"run_dir={run}", "logger.progress=false", "grpo.max_num_steps=20", "grpo.val_period=20"],
-        rl_registry,
-    )
-    run_config(config, rl_registry)
-    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    run = builtin_run
+    rows = metrics(run)
     before, after = rows[0]["val/reward"], rows[20]["val/reward"]
     rate = tool_call_format_rate(run / "warmup" / "final", [r["prompt"] for r in calculator_task(64, 7)])
     print(f"calculator: tool-call format rate after the warm-up {rate:.3f}; held-out {before:.3f} -> {after:.3f}")
@@ -67,3 +75,20 @@ def test_calculator_recipe_learns_to_use_the_tool(ray_session, rl_registry, tmp_
     assert max(sum(s["prompt"] == t["prompt"] and s["step"] == t["step"] for t in samples) for s in samples) == 2
     roles = [[t["role"] for t in s["turns"]] for s in samples if s["step"] == 20 and s["split"] == "train"]
     assert any(r[:3] == ["model", "environment", "model"] for r in roles), roles
+
+
+def test_the_calculator_as_an_openai_client_agent_trains_as_the_environment_does(
+    builtin_run: Path, rl_registry, tmp_path: Path
+):
+    """grpo_calculator_agent.yaml: the same task as an agent program through the run's endpoint. Its episodes are
+    the environment's token for token (tests/rl_agents/test_agents.py), so its run is the same run: every step's
+    rewards and the held-out reward equal the built-in recipe's (the README's agent figure is that one)."""
+    run = tmp_path / "agent"
+    run_config(load_config(AGENT_RECIPE, [f"run_dir={run}", *SHORT], rl_registry), rl_registry)
+    ours, theirs = metrics(run), metrics(builtin_run)
+    assert sorted(ours) == sorted(theirs)
+    for step in sorted(theirs):
+        for key in ("reward", "val/reward", "env/turns", "response_length"):
+            if key in theirs[step]:
+                assert ours[step][key] == pytest.approx(theirs[step][key], abs=1e-6), (step, key)
+    assert ours[20]["val/reward"] >= 0.85 and ours[20]["agent/split_episodes"] == 0.0

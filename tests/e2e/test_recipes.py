@@ -31,7 +31,14 @@ def recipes() -> list[Path]:
 #: needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
 #: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole);
 #: the calculator (test_calculator_recipe.py runs it as committed, its warm-up and 20 steps with checkpoints)
-RUN_ELSEWHERE = {"grpo_parity_dtensor_vllm", "distill", "grpo_reward_model", "ppo", "grpo_calculator"}
+RUN_ELSEWHERE = {
+    "grpo_parity_dtensor_vllm",
+    "distill",
+    "grpo_reward_model",
+    "ppo",
+    "grpo_calculator",
+    "grpo_calculator_agent",
+}
 
 
 def test_every_recipe_is_headed_by_its_command():

@@ -94,7 +94,12 @@ def ids(text: str) -> list[int]:
 
 
 def test_the_token_budget_cuts_turns_and_observations_as_worked_out_by_hand(episodes):
-    rollouts, rewards, metrics, transcripts = episodes
+    rollouts, rewards, metrics, transcripts = (
+        episodes.rollouts,
+        episodes.rewards,
+        episodes.metrics,
+        episodes.transcripts,
+    )
     by_prompt = {chr(r.prompt_token_ids[0]): r for r in rollouts}
     expected = {
         # (tokens after the prompt, which the model sampled, why it ended)
@@ -146,9 +151,10 @@ def test_an_environment_that_raises_or_hangs_ends_those_episodes_and_says_so(mak
     runner = EnvironmentRunner(FaultyEnvironment(), "faulty", config.environment, ())
     ctx = episode_context(config, ScriptedEngine(), CharTokenizer(), runner)
     try:
-        rollouts, _rewards, metrics, transcripts = run_episodes(
+        out = run_episodes(
             ctx, runner, [{"prompt": p} for p in ("A", "E", "F")], SamplingParams(n=1, max_new_tokens=16)
         )
+        rollouts, metrics, transcripts = out.rollouts, out.metrics, out.transcripts
     finally:
         runner.close()
         del TURNS["E"], TURNS["F"]

@@ -280,10 +280,10 @@ def test_multi_turn_episodes_stream_on_the_async_engine_and_are_reproducible(eng
         runs = [run_episodes(ctx, runner, rows, SamplingParams(n=2, max_new_tokens=8, seed=3)) for _ in range(2)]
     finally:
         runner.close()
-    assert runs[0][0] == runs[1][0], "same seed, same episodes"
-    assert runs[0][2]["env/turns"] > 1.5, "episodes took several turns"
+    assert runs[0].rollouts == runs[1].rollouts, "same seed, same episodes"
+    assert runs[0].metrics["env/turns"] > 1.5, "episodes took several turns"
     ok = tokenizer(" ok", add_special_tokens=False)["input_ids"]
-    for r in runs[0][0]:
+    for r in runs[0].rollouts:
         observed = [t for t, s in zip(r.token_ids, r.sampled, strict=True) if not s]
         assert observed == ok * (len(observed) // len(ok)) and observed, "observations appended as their own tokens"
 

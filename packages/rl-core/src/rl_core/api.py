@@ -37,6 +37,7 @@ from rl_core.base.errors import ConfigError, InputError, PluginError, RLCoreErro
 from rl_core.base.paths import cache_root
 from rl_core.base.schema import (
     Config,
+    EnvironmentConfig,
     LoraConfig,
     LossConfig,
     OptimizerConfig,
@@ -48,7 +49,9 @@ from rl_core.config.loader import structure_section
 from rl_core.contracts import batch, lora, tokens
 from rl_core.contracts.batch import Batch, PolicyGradientBatch, PreferenceBatch, TokenBatch
 from rl_core.contracts.protocols import (
+    DrivenEpisodes,
     Environment,
+    EpisodeDriver,
     FinishReason,
     LossFunction,
     MetricsLogger,
@@ -78,7 +81,7 @@ from rl_core.contracts.refit import (
 )
 from rl_core.contracts.workers import AsyncReplicaWorker, RankWorker, ReplicaWorker, Sample
 from rl_core.data.models import check_model_folder, resolve_model_path
-from rl_core.data.prompts import EpochSampler, Example
+from rl_core.data.prompts import EpochSampler, Example, chat_ids, render_prompt
 from rl_core.distributed.cluster import WorkerDiedError, WorkerGroup, free_port, node_address
 from rl_core.distributed.driver import GroupBackend, GroupEngine, start_ranks, start_replicas
 from rl_core.distributed.placement import (
@@ -106,6 +109,7 @@ from rl_core.plugins.specs import (
 from rl_core.rewards.sources import check_reward_inputs
 from rl_core.training import advantages
 from rl_core.training.context import Phases, RunContext
+from rl_core.training.episodes import turn_seed
 from rl_core.training.loops import prefixed, run_loop
 from rl_core.training.losses import ClippedPGLoss, NLLLoss
 from rl_core.training.onpolicy import (
@@ -128,8 +132,17 @@ from rl_core.training.rollouts import (
     validate_rollouts,
 )
 from rl_core.training.supervised import SupervisedLoopConfig, encode_pairs, encode_sft, run_supervised, validation_loss
+from rl_core.training.transcripts import Call, episode_rollouts
 
 __all__ = [
+    "EnvironmentConfig",
+    "episode_rollouts",
+    "Call",
+    "turn_seed",
+    "render_prompt",
+    "chat_ids",
+    "EpisodeDriver",
+    "DrivenEpisodes",
     "AlgorithmSpec",
     "AsyncReplicaWorker",
     "Batch",

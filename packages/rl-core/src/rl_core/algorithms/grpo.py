@@ -206,12 +206,13 @@ def train_on(
 ) -> dict[str, float]:
     """Advantages, the batch, the logprobs the loss needs (``logprob_passes``), and the optimizer steps on one
     step's rollouts."""
-    P, G = len(scored.examples), cfg.num_generations_per_prompt
+    P = len(scored.examples)
     rewards, advantages, valid = sample_advantages(ctx, cfg, scored)
-    batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
-    batch["advantages"] = advantages.view(-1, 1) * batch["loss_mask"]  # [B, T]
-    batch["sample_mask"] = valid.view(-1).float()  # [B]
-    passes = logprob_passes(ctx, cfg, loss_fn.cfg, P * G, step, on_policy=on_policy)
+    rows, of = scored.rows()  # an agent's split episodes: more rows than P * G, each with its episode's advantage
+    batch = rollout_batch(rows, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
+    batch["advantages"] = advantages.view(-1)[of].view(-1, 1) * batch["loss_mask"]  # [B, T]
+    batch["sample_mask"] = valid.view(-1)[of].float()  # [B]
+    passes = logprob_passes(ctx, cfg, loss_fn.cfg, len(rows), step, on_policy=on_policy)
     health: dict[str, float] = {}
     if passes.current:
         with phases("logprobs"):
@@ -258,6 +259,8 @@ def sample_advantages(
         )
     truncated = torch.tensor([r.finish_reason == "length" for r in scored.rollouts]).view(P, G)
     valid = ~truncated if cfg.overlong_filtering else torch.ones_like(truncated)
+    if scored.keep is not None:  # an agent's failed episodes, dropped
+        valid = valid & torch.tensor(scored.keep).view(P, G)
     if not cfg.group_baseline:
         return rewards, rewards * valid, valid
     advantages = adv.group_advantages(
@@ -348,6 +351,8 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
     kept_rollouts: list[Any] = []
     kept_rewards: list[float] = []
     kept_transcripts: list[Any] = []
+    kept_earlier: list[tuple[int, Any]] = []
+    kept_keep: list[bool] = []
     for _draw in range(cfg.dynamic_sampling_max_gen_batches):
         scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
         for p, example in enumerate(scored.examples):
@@ -358,6 +363,12 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
                 kept_rollouts += [attrs.evolve(r, prompt_index=index) for r in scored.rollouts[p * G : (p + 1) * G]]
                 kept_rewards += group
                 kept_transcripts += scored.transcripts[p * G : (p + 1) * G]
+                kept_keep += (scored.keep or [True] * len(scored.rollouts))[p * G : (p + 1) * G]
+                kept_earlier += [
+                    (i - (p - index) * G, attrs.evolve(r, prompt_index=index))
+                    for i, r in scored.earlier
+                    if p * G <= i < (p + 1) * G
+                ]
         if len(kept_examples) >= cfg.num_prompts_per_step:
             break
     if not kept_examples:  # every group was uniform: train on the last draw (its advantages are all zero)
@@ -369,4 +380,6 @@ def collect(ctx: RunContext, cfg: GRPOConfig, sampler: EpochSampler, params: Any
         rewards=kept_rewards,
         metrics=metrics,
         transcripts=kept_transcripts,
+        earlier=kept_earlier,
+        keep=None if all(kept_keep) else kept_keep,
     )

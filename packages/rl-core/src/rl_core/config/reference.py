@@ -70,7 +70,7 @@ def _section(prefix: str, cls: type, out: list[str]) -> None:
     doc = (cls.__doc__ or "").strip().split("\n\n")[0]
     out.append(f"\n### `{prefix or '(top level)'}`\n")
     if doc:
-        out.append(doc.replace("\n", " ") + "\n")
+        out.append(" ".join(doc.split()) + "\n")
     aliases = getattr(cls, "ALIASES", {})
     if aliases:
         out.append("Aliases: " + ", ".join(f"`{a}` for `{c}`" for a, c in aliases.items()) + ".\n")

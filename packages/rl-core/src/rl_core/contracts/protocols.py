@@ -202,6 +202,38 @@ class Environment(Protocol):
     def close(self) -> None: ...
 
 
+@attrs.frozen(kw_only=True)
+class DrivenEpisodes:
+    """What an ``EpisodeDriver`` returns for ``params.n`` episodes of each example, ordered by (example, episode)."""
+
+    #: each episode's last sample (``Rollout.sampled`` marks the model's tokens).
+    rollouts: list[Rollout]
+    #: each episode's reward (the run's reward sources, if any, are added on the last sample's text).
+    rewards: list[float]
+    metrics: dict[str, float]
+    #: each episode as RUN_DIR/samples.jsonl keeps it: ``prompt``, ``turns``, ``reward``, ``ended``.
+    transcripts: list[dict[str, Any]]
+    #: ``(episode, sample)``: the samples an episode split off before its last one (its history edited), each
+    #: trained with the episode's advantage.
+    earlier: list[tuple[int, Rollout]] = attrs.Factory(list)
+    #: per episode, False where it is dropped from the loss (an agent that failed, with ``on_error: drop``).
+    keep: list[bool] | None = None
+
+
+@runtime_checkable
+class EpisodeDriver(Protocol):
+    """An environment that drives the engine itself instead of answering turns: an agent program calling the
+    model through an endpoint, say. An ``EnvironmentSpec``'s factory may return one instead of an
+    ``Environment``; the run then asks it for each step's episodes."""
+
+    def run(self, host: Any, examples: Sequence[Mapping[str, Any]], params: SamplingParams) -> DrivenEpisodes:
+        """``params.n`` episodes per example on ``host.engine`` (``host``: the run's engine, tokenizer, config
+        and ``refits``), sampled with ``params`` unless an episode's request says otherwise."""
+        ...
+
+    def close(self) -> None: ...
+
+
 Reward = float | Mapping[str, float]
 
 

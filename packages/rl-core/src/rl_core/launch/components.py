@@ -9,13 +9,13 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 
 from rl_core.base.errors import PluginError, RLCoreError
 from rl_core.base.schema import Config
-from rl_core.contracts.protocols import MetricsLogger, TrainingBackend
+from rl_core.contracts.protocols import Environment, EpisodeDriver, MetricsLogger, TrainingBackend
 from rl_core.distributed.cluster import init_ray
 from rl_core.distributed.placement import Device, colocated
 from rl_core.launch.checks import check_micro_batching, enabled_loggers
@@ -188,12 +188,19 @@ def start_rewards(config: Config, registry: Registry, stack: contextlib.ExitStac
     return rewards
 
 
-def start_environment(config: Config, registry: Registry, stack: contextlib.ExitStack) -> EnvironmentRunner:
-    """The multi-turn environment ``environment.name`` names, with its step workers; closed by ``stack``."""
+def start_environment(
+    config: Config, registry: Registry, stack: contextlib.ExitStack
+) -> EnvironmentRunner | EpisodeDriver:
+    """The multi-turn environment ``environment.name`` names, with its step workers (or the episode driver its
+    factory makes, an agent host say); closed by ``stack``."""
     spec = registry.get(EnvironmentSpec, config.environment.name or "")
     options = config.environment.options
     env = started("environment", spec, lambda: spec.factory(options))
-    environment = EnvironmentRunner(env, spec.name, config.environment, spec.stop_strings, spec.factory)
+    if not isinstance(env, Environment):  # an episode driver: it runs its episodes itself
+        stack.callback(env.close)
+        return env
+    factory = cast("Callable[[Any], Environment]", spec.factory)  # it made an Environment
+    environment = EnvironmentRunner(env, spec.name, config.environment, spec.stop_strings, factory)
     stack.callback(environment.close)
     return environment
 

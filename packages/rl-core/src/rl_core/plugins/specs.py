@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     import argparse
 
     from rl_core.base.schema import Config
-    from rl_core.contracts.protocols import Environment, MetricsLogger, RewardSource, RolloutEngine, TrainingBackend
+    from rl_core.contracts.protocols import (
+        Environment,
+        EpisodeDriver,
+        MetricsLogger,
+        RewardSource,
+        RolloutEngine,
+        TrainingBackend,
+    )
     from rl_core.training.context import RunContext
 
 
@@ -130,15 +137,15 @@ class RewardSourceSpec(ComponentSpec):
 
 @attrs.frozen(kw_only=True)
 class EnvironmentSpec(ComponentSpec):
-    """A multi-turn environment. ``factory(options) -> Environment``, ``options`` an instance of
-    ``config_class`` (the ``environment`` section's keys besides the core's), or None. ``stop_strings`` end a
-    model turn (the environment acts on the turn's text)."""
+    """A multi-turn environment. ``factory(options) -> Environment`` (or an ``EpisodeDriver``, which runs the
+    episodes itself), ``options`` an instance of ``config_class`` (the ``environment`` section's keys besides the
+    core's), or None. ``stop_strings`` end a model turn (the environment acts on the turn's text)."""
 
     kind = "environment"
     hook = "rl_environments"
     words = "environment"
 
-    factory: Callable[[Any], Environment]
+    factory: Callable[[Any], Environment | EpisodeDriver]
     stop_strings: tuple[str, ...] = ()
 
 

@@ -21,7 +21,7 @@ from rl_core.rewards.combine import NamedRewardSource, score
 
 if TYPE_CHECKING:
     from rl_core.base.schema import Config
-    from rl_core.contracts.protocols import MetricsLogger, RolloutEngine, TrainingBackend
+    from rl_core.contracts.protocols import EpisodeDriver, MetricsLogger, RolloutEngine, TrainingBackend
     from rl_core.outputs.checkpoint import CheckpointManager
     from rl_core.outputs.console import RunConsole
     from rl_core.training.episodes import EnvironmentRunner
@@ -83,8 +83,8 @@ class RunContext:
     engine_asleep: bool = False
     #: refits so far in this process (the weight-sync check samples them).
     refits: int = 0
-    #: multi-turn episodes (``environment.name``); None: single-turn rollouts.
-    environment: EnvironmentRunner | None = None
+    #: multi-turn episodes (``environment.name``), or what drives them (an agent host); None: single-turn rollouts.
+    environment: EnvironmentRunner | EpisodeDriver | None = None
     #: the value model trained beside the policy (an algorithm with ``AlgorithmSpec.critic``: PPO); its checkpoint
     #: is each checkpoint's ``critic/``.
     critic: TrainingBackend | None = None

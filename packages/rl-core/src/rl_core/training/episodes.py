@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from rl_core.base.errors import InputError
-from rl_core.contracts.protocols import Environment, Rollout, RolloutEngine, SamplingParams, Transition
+from rl_core.contracts.protocols import DrivenEpisodes, Environment, Rollout, RolloutEngine, SamplingParams, Transition
 from rl_core.data.prompts import render_prompt
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class EnvironmentRunner:
 
 def run_episodes(
     ctx: EpisodeHost, runner: EnvironmentRunner, examples: Sequence[Mapping[str, Any]], params: SamplingParams
-) -> tuple[list[Rollout], list[float], dict[str, float], list[dict[str, Any]]]:
+) -> DrivenEpisodes:
     """``params.n`` episodes per example: their rollouts (ordered by example, then sample), rewards, metrics and
     transcripts."""
     assert ctx.engine is not None
@@ -214,7 +214,12 @@ def run_episodes(
     transcripts = [
         {"prompt": tok.decode(e.prompt_ids), "turns": e.turns, "reward": e.reward, "ended": e.ended} for e in episodes
     ]
-    return [e.rollout(tok) for e in episodes], [e.reward for e in episodes], metrics, transcripts
+    return DrivenEpisodes(
+        rollouts=[e.rollout(tok) for e in episodes],
+        rewards=[e.reward for e in episodes],
+        metrics=metrics,
+        transcripts=transcripts,
+    )
 
 
 def _report_faults(runner: EnvironmentRunner, faulty: Sequence[Episode], tok: Any) -> None:

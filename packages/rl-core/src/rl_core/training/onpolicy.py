@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from rl_core.base.errors import InputError
 from rl_core.base.schema import RolloutLoopConfig
 from rl_core.contracts.batch import PolicyGradientBatch
 from rl_core.data.prompts import EpochSampler
@@ -80,6 +81,11 @@ def sample_on_policy(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSamp
     params = sampling(ctx, cfg.num_generations_per_prompt, seed=step_seed(ctx, step))
     scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     ctx.keep_samples(step, scored.transcripts)
+    if scored.earlier or not all(scored.keep or ()):
+        raise InputError(
+            "this algorithm trains one sample per episode: an agent's split or dropped episodes are trained by "
+            "algorithm: grpo (or set the agent environment's on_error: zero and keep its history unedited)"
+        )
     gen_seconds = time.perf_counter() - start
     batch = rollout_batch(scored.rollouts, ctx.tokenizer.pad_token_id, ctx.config.policy.max_total_sequence_length)
     with phases("logprobs"):

@@ -16,7 +16,7 @@ from rl_core.contracts.refit import RefitRoute, RefitStats, checksums_match
 from rl_core.data.prompts import Example, render_prompt
 from rl_core.distributed.placement import colocated as colocated_on
 from rl_core.training.context import Phases, RunContext
-from rl_core.training.episodes import run_episodes
+from rl_core.training.episodes import EnvironmentRunner, run_episodes
 from rl_core.training.health import weight_sync_failed
 
 
@@ -60,6 +60,19 @@ class ScoredRollouts:
     #: each rollout as the samples file keeps it: the prompt, its turns (one model turn, or an episode's turns,
     #: ``rl_core.training.episodes``), the reward and how it ended; for RUN_DIR/samples.jsonl
     transcripts: list[dict[str, Any]] = attrs.Factory(list)
+    #: ``(rollout, sample)``: the samples an agent's episode split off before its last one (``DrivenEpisodes``),
+    #: each trained with that rollout's advantage
+    earlier: list[tuple[int, Rollout]] = attrs.Factory(list)
+    #: per rollout, False where it is dropped from the loss (a failed agent's episode); None: all kept
+    keep: list[bool] | None = None
+
+    def rows(self) -> tuple[list[Rollout], list[int]]:
+        """The rollouts and the earlier samples, the training batch's rows, and the rollout each row takes its
+        advantage from."""
+        return (
+            self.rollouts + [r for _, r in self.earlier],
+            list(range(len(self.rollouts))) + [i for i, _ in self.earlier],
+        )
 
 
 def colocated(ctx: RunContext) -> bool:
@@ -83,15 +96,18 @@ def generate_and_score(
         if colocated(ctx):
             ctx.backend.offload()
             set_engine_awake(ctx, True)
-        if ctx.environment is not None:
-            rollouts, env_rewards, env_metrics, transcripts = run_episodes(ctx, ctx.environment, examples, params)
+        if isinstance(ctx.environment, EnvironmentRunner):
+            episodes = run_episodes(ctx, ctx.environment, examples, params)
+        elif ctx.environment is not None:
+            episodes = ctx.environment.run(ctx, examples, params)
         else:
             rollouts = ctx.engine.generate(encode_prompts(ctx, examples), params)
         if colocated(ctx):
             set_engine_awake(ctx, False)
             ctx.backend.onload()
     if ctx.environment is not None:
-        total, parts = list(env_rewards), dict(env_metrics)
+        rollouts, env_rewards = episodes.rollouts, episodes.rewards
+        total, parts = list(env_rewards), dict(episodes.metrics)
         if ctx.rewards:
             meta = [examples[r.prompt_index] for r in rollouts]
             with phases("score"):
@@ -101,7 +117,13 @@ def generate_and_score(
             total, parts = [a + b for a, b in zip(total, more, strict=True)], {**parts, **parts_more}
         parts["reward/environment"] = sum(env_rewards) / max(len(env_rewards), 1)
         return ScoredRollouts(
-            examples=list(examples), rollouts=rollouts, rewards=total, metrics=parts, transcripts=transcripts
+            examples=list(examples),
+            rollouts=rollouts,
+            rewards=total,
+            metrics=parts,
+            transcripts=episodes.transcripts,
+            earlier=episodes.earlier,
+            keep=episodes.keep,
         )
     key = ctx.config.data.prompt_key
     texts = [render_prompt(ctx.tokenizer, ctx.config.data, ex[key])[1] for ex in examples]
