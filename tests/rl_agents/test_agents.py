@@ -152,7 +152,9 @@ def test_agent_episodes_are_the_engines_samples_and_the_core_environments_token_
     assert scored.metrics["agent/split_episodes"] == 0.0 and not scored.earlier
 
 
-def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_editing_agent_splits(config, engine, tokenizer):
+def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_editing_agent_splits(
+    config, engine, tokenizer
+):
     chat_tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     chat_tok.chat_template = CHATML
     params = SamplingParams(n=1, max_new_tokens=12, seed=3)
