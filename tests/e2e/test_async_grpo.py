@@ -31,6 +31,7 @@ COMPARED = (
 #: a raw tiny model, long responses: lengths vary from sample to sample
 RAW = [
     "warmup_recipe=null",
+    "policy.generation.vllm_cfg.enforce_eager=true",  # vLLM without its compile step (~4 s a start)
     "policy.generation.max_new_tokens=12",
     "grpo.num_prompts_per_step=4",
     "grpo.num_generations_per_prompt=4",

@@ -56,6 +56,7 @@ def test_recipe_runs(recipe: Path, ray_session, rl_registry, tmp_path: Path, sta
         "logger.progress=false",
         "checkpointing.save_period=1",
         "logger.save_samples_every=1",
+        "policy.generation.vllm_cfg.enforce_eager=true",  # vLLM without its compile step (~4 s a start)
         *SHORT[algorithm],
     ]
     if "reward_server" in recipe.stem:
