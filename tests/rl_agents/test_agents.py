@@ -181,6 +181,29 @@ def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_ed
     assert batch["loss_mask"].sum() == sum(len(r.token_ids) for r in rows)
 
 
+def test_two_batches_at_once_each_get_their_own_episodes(config, engine, tokenizer):
+    """Async GRPO generates the next batch while the trainer validates: two batches through one endpoint at once
+    give what each gives alone (no request is refused as another batch's, none crosses over)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = attrs.evolve(
+        config.environment, options=attrs.evolve(config.environment.options, entry="scripted_agents:calculator")
+    )
+    host = AgentHost(env.options)
+    ctx = episode_context(attrs.evolve(config, environment=env), engine, tokenizer, host, "hf")
+    params = SamplingParams(n=2, max_new_tokens=12, seed=5)
+    batches = [ROWS[:2], ROWS[2:]]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda rows: generate_and_score(ctx, rows, params, Phases()), batches))
+        alone = [generate_and_score(ctx, rows, params, Phases()) for rows in batches]
+    finally:
+        host.close()
+    for both, one in zip(together, alone, strict=True):
+        assert [t["ended"] for t in both.transcripts] == ["done"] * len(both.transcripts)
+        assert both.rollouts == one.rollouts and both.rewards == one.rewards
+
+
 def test_a_failing_hanging_or_talkative_agent_costs_its_episode_only(config, engine, tokenizer, caplog):
     rows = [{"prompt": f"Add {i}+1.", "kind": kind} for i, kind in enumerate(["raises", "hangs", "talks", "fine"])]
     params = SamplingParams(n=1, max_new_tokens=4, seed=1)

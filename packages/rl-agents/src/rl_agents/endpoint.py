@@ -36,7 +36,6 @@ from rl_core.api import Call, EnvironmentConfig, SamplingParams, turn_seed
 class Session:
     """One batch of episodes being served (a step's rollouts or a validation)."""
 
-    episodes: dict[str, AgentEpisode]
     tokenizer: Any
     env: EnvironmentConfig
     #: the model's context (``policy.max_total_sequence_length``)
@@ -79,11 +78,13 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 
 
 class Endpoint:
-    """The FastAPI app; ``session`` is the batch of episodes it serves now (None between batches)."""
+    """The FastAPI app, serving every batch of episodes under way (a training batch and a validation may run at
+    once: async GRPO generates ahead while the trainer validates); a key names its episode and so its batch."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self.session: Session | None = None
+        #: each live episode's key: its batch and itself
+        self.live: dict[str, tuple[Session, AgentEpisode]] = {}
         self.app = FastAPI(title="rl-agents endpoint")
         self.app.get("/v1/models")(self.models)
         self.app.post("/v1/completions")(self.completions)
@@ -99,11 +100,10 @@ class Endpoint:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: Request, *, chat: bool) -> Any:
-        session = self.session
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        episode = session.episodes.get(key) if session is not None else None
-        if session is None or episode is None:
+        if key not in self.live:
             return _error(401, "unknown API key: each episode has its own (the client the agent was given)", "auth")
+        session, episode = self.live[key]
         try:
             body = await request.json()
             ids = self._prompt_ids(session, episode, body, chat)

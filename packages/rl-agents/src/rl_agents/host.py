@@ -55,11 +55,16 @@ class AgentHost:
         #: one connection pool for every episode's client (a client of its own costs ~20 ms: an SSL context)
         self.http: Any = None
         self.http_sync: Any = None
+        self.starting = threading.Lock()
 
     def start(self, model_name: str) -> str:
-        """Serve the endpoint (once); its base URL."""
-        if self.endpoint is not None:
-            return self.url
+        """Serve the endpoint (once, whichever thread asks first); its base URL."""
+        with self.starting:
+            if self.endpoint is None:
+                self._serve(model_name)
+        return self.url
+
+    def _serve(self, model_name: str) -> None:
         import openai
         import uvicorn
 
@@ -80,7 +85,6 @@ class AgentHost:
         connect = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
         self.url = f"http://{connect}:{port}/v1"
         log.info("agent endpoint on %s", self.url)
-        return self.url
 
     def run(self, host: Any, examples: Sequence[Mapping[str, Any]], params: SamplingParams) -> DrivenEpisodes:
         self.start(str(host.config.policy.model_name))
@@ -105,7 +109,6 @@ class AgentHost:
             env.schedule == "auto" and bool(getattr(host.engine, "concurrent_requests", False))
         )
         session = Session(
-            episodes={e.key: e for e in episodes},
             tokenizer=host.tokenizer,
             env=env,
             context=host.config.policy.max_total_sequence_length,
@@ -114,11 +117,12 @@ class AgentHost:
             streaming=streaming,
             version=lambda: int(getattr(host, "refits", 0)),
         )
-        self.endpoint.session = session
+        self.endpoint.live.update((e.key, (session, e)) for e in episodes)
         try:
             rewards = await asyncio.gather(*(self._episode(e, session) for e in episodes))
         finally:
-            self.endpoint.session = None
+            for e in episodes:
+                del self.endpoint.live[e.key]
         return self._results(host, episodes, rewards)
 
     async def _episode(self, episode: AgentEpisode, session: Session) -> float:
