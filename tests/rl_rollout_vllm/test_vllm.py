@@ -36,7 +36,12 @@ def engine(ray_session, config, async_engine):
 
     from rl_rollout_vllm.engine import make_engine
 
-    eng = make_engine(config, attrs.evolve(config.section("policy.generation.vllm_cfg"), async_engine=async_engine))
+    # the async engine eager: it has no compile stand-in, so a compiled one compiles the model again (~20 s on a
+    # fresh cache) for what the in-process flavour's compiled engine already pins (refit into compiled graphs)
+    cfg = attrs.evolve(
+        config.section("policy.generation.vllm_cfg"), async_engine=async_engine, enforce_eager=async_engine
+    )
+    eng = make_engine(config, cfg)
     yield eng
     eng.shutdown()
 
