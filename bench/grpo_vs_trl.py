@@ -1,12 +1,14 @@
 """GRPO step, ours vs Hugging Face TRL's GRPOTrainer, on the same work.
 
-Same model (random-init tiny ~1M or small ~25M Qwen2), same prompts, 8 prompts x 8 generations, 64 new tokens, the
+Same model (random-init tiny ~1M or small ~25M Qwen2, or the pretrained SmolLM2-135M-Instruct), same prompts, 8 prompts x 8 generations, 64 new tokens, the
 same learning rate and KL coefficient (0: no reference model; 0.04: with one), the same precision (fp32; or bf16
 mixed precision: bf16 compute over fp32 master weights, TRL's default), 10 steps per repetition, both sides
 alternating in one process. Reported: median step time, completions/s and completion tokens/s for both, and our
 per-phase breakdown. The first step of every repetition (start-up, compilation) is left out on both sides.
 
-Shapes: ``tiny`` and ``small``, the parity task's prompts (~15 tokens: generation is most of the step);
+Shapes: ``tiny`` and ``small``, the parity task's prompts (~15 tokens: generation is most of the step); ``smollm2``,
+the same prompts on a real pretrained chat model (``packaged:smollm2-135m-instruct``: 134.5M parameters, a
+49152-token vocabulary, tied embeddings; fetched from the package index and converted once);
 ``small-long``, the small model with each prompt after a preamble of 16 to 64 digits (32 to 128 tokens): a
 training-heavy step whose prompts are most of the tokens and of varied lengths, as with real prompts. Our side runs
 with its defaults: each prompt once for its group's rows (``policy.dtensor_cfg.shared_prefix``;
@@ -29,18 +31,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import alternate, fmt, stats, write
+from harness import alternate, fmt, kept_results, stats, write
 
-from rl_core.data.tiny_models import ensure_tiny_model
+from rl_core.data.models import resolve_model_path
 
 PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 #: each shape: its tiny model, the preamble's length range in digits (two tokens each) (none: the parity prompts as they are),
 #: and our further overrides
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"model": "qwen2-tiny"},
-    "small": {"model": "qwen2-small"},
+    "tiny": {"model": "tiny:qwen2-tiny"},
+    "small": {"model": "tiny:qwen2-small"},
+    "smollm2": {"model": "packaged:smollm2-135m-instruct"},
     "small-long": {
-        "model": "qwen2-small",
+        "model": "tiny:qwen2-small",
         "preamble": (16, 64),
         "ours": ["policy.max_total_sequence_length=256"],
     },
@@ -206,7 +209,7 @@ def main() -> None:
     parser.add_argument("--betas", default="0,0.04")
     parser.add_argument("--precisions", default="fp32,bf16")
     args = parser.parse_args()
-    results, rows = [], []
+    results = []
     settings = [
         (size, precision, float(beta))
         for size in args.shapes.split(",")
@@ -215,7 +218,7 @@ def main() -> None:
     ]
     for size, precision, beta in settings:
         shape = SHAPES[size]
-        model = ensure_tiny_model(shape["model"])
+        model = Path(resolve_model_path(shape["model"]))
         print(f"== {size}, {precision}, KL coefficient {beta}", flush=True)
         with contextlib.ExitStack() as stack:
             prompts = task_rows(shape.get("preamble"))
@@ -252,24 +255,13 @@ def main() -> None:
             "overhead_fraction": phases["overhead"] / step,
         }
         results.append(entry)
-        breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
-        rows.append(
-            (
-                size,
-                precision,
-                str(beta),
-                f"{fmt(o['median'])} ({fmt(o['min'])}-{fmt(o['max'])})",
-                f"{fmt(t['median'])} ({fmt(t['min'])}-{fmt(t['max'])})",
-                f"**{entry['speedup']:.2f}x**",
-                f"{entry['ours_completion_tokens_per_s']:.0f} / {entry['trl_completion_tokens_per_s']:.0f}",
-                f"{entry['overhead_fraction']:.1%}",
-                breakdown,
-            )
-        )
+    measured = {(size, precision, beta) for size, precision, beta in settings}
+    results += kept_results("grpo_vs_trl", lambda r: (r["shape"], r["precision"], r["kl_coefficient"]) in measured)
+    results.sort(key=lambda r: (list(SHAPES).index(r["shape"]), r["precision"], r["kl_coefficient"]))
     write(
         "grpo_vs_trl",
         {"results": results},
-        rows,
+        [table_row(r) for r in results],
         (
             "shape",
             "precision",
@@ -280,6 +272,7 @@ def main() -> None:
             "completion tok/s ours / TRL",
             "our overhead",
             "our phases (s, median)",
+            "measured",
         ),
         notes=f"{PROMPTS} prompts x {GENERATIONS} generations, {NEW_TOKENS} new tokens, lr {LR}, {args.steps} steps per "
         f"repetition x {args.reps} repetitions, first step of each repetition left out. TRL {GRPOTrainerVersion()} GRPOTrainer "
@@ -289,6 +282,24 @@ def main() -> None:
         "each parity prompt after a preamble of 16-64 digits (32-128 tokens) (the same rows on both sides; ours reads them from "
         "a JSONL file). Ours with its defaults: each prompt runs once for its group's rows (`dtensor_cfg.shared_prefix`: "
         "its keys and values shared); TRL pads each batch's prompts to the longest and runs them for every row.",
+    )
+
+
+def table_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    """One result as a row of docs/benchmarks.md (a kept one with the date of the run that measured it)."""
+    o, t = entry["ours_step_s"], entry["trl_step_s"]
+    breakdown = ", ".join(f"{k} {v:.2f}" for k, v in entry["ours_phases_s"].items() if v >= 0.005)
+    return (
+        entry["shape"],
+        entry["precision"],
+        str(entry["kl_coefficient"]),
+        f"{fmt(o['median'])} ({fmt(o['min'])}-{fmt(o['max'])})",
+        f"{fmt(t['median'])} ({fmt(t['min'])}-{fmt(t['max'])})",
+        f"**{entry['speedup']:.2f}x**",
+        f"{entry['ours_completion_tokens_per_s']:.0f} / {entry['trl_completion_tokens_per_s']:.0f}",
+        f"{entry['overhead_fraction']:.1%}",
+        breakdown,
+        entry.get("date", "this run")[:10],
     )
 
 

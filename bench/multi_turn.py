@@ -117,7 +117,7 @@ def measure(
             seconds, tokens = [], []
             for rep in range(reps):
                 start = time.perf_counter()
-                rollouts, *_ = run_episodes(ctx, runner, rows, attrs.evolve(params, seed=rep + 1))
+                rollouts = run_episodes(ctx, runner, rows, attrs.evolve(params, seed=rep + 1)).rollouts
                 seconds.append(time.perf_counter() - start)
                 tokens.append(sum(sum(r.sampled) for r in rollouts))
                 print(f"  rep {rep + 1}/{reps} {side}: {seconds[-1]:.2f} s, {tokens[-1]} sampled tokens", flush=True)

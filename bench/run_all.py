@@ -17,6 +17,7 @@ BENCHMARKS = [
     "profile_train.py",
     "loss_variants.py",
     "shortcut_check.py",
+    "agent_endpoint.py",
 ]
 
 if __name__ == "__main__":

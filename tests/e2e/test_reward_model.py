@@ -50,8 +50,7 @@ def test_a_trained_reward_model_is_served_as_trained_and_grpo_against_it_learns_
 
     grpo = tmp_path / "grpo"
     served = f"reward.sources=[{{name: remote, url: '{server.url}', scorer: reward_model}}]"
-    eager = "policy.generation.vllm_cfg.enforce_eager=true"  # vLLM without its compile step (~4 s a start)
-    overrides = [f"run_dir={grpo}", "logger.progress=false", eager, served]
+    overrides = [f"run_dir={grpo}", "logger.progress=false", served]
     run_config(load_config(CONFIGS / "grpo_reward_model.yaml", overrides, rl_registry), rl_registry)
     learned = val_rows(grpo, "val/reward")
     assert learned[-1] > learned[0] + 2, learned  # the reward model's own score
