@@ -98,7 +98,9 @@ def main() -> None:
                 start = time.perf_counter()
                 scored = generate_and_score(contexts[name], rows, params, Phases())
                 seconds = time.perf_counter() - start
-                sampled[name] = [tuple(t for t, s in zip(r.token_ids, r.sampled, strict=True) if s) for r in scored.rollouts]
+                sampled[name] = [
+                    tuple(t for t, s in zip(r.token_ids, r.sampled, strict=True) if s) for r in scored.rollouts
+                ]
                 return [seconds]
 
             return run

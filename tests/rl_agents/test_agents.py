@@ -181,6 +181,27 @@ def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_ed
     assert batch["loss_mask"].sum() == sum(len(r.token_ids) for r in rows)
 
 
+def test_turns_after_a_sampled_end_of_text_still_extend_the_episode(config, tokenizer):
+    """A completion that sampled a special token (the end of text) comes back to the agent without it; the agent's
+    next prompts, built on that text, still reuse the episode's ids turn after turn (before, the third request
+    matched nothing: the second call's prompt was decoded with the special token in it, and the episode split)."""
+    from rl_agents.episode import AgentEpisode
+    from rl_core.api import Call
+
+    episode = AgentEpisode(number=0, key="k", prompt_index=0, sample_index=0, row={})
+    eos = tokenizer.eos_token_id
+    text = "Add 1+2."
+    for turn in range(3):
+        ids = episode.ids(text, tokenizer)
+        if turn:
+            assert ids[: len(expected)] == expected, f"turn {turn}: the earlier ids reused"
+        sampled = tuple(tokenizer(f" x{turn}", add_special_tokens=False)["input_ids"]) + (eos,)
+        call = Call(prompt_ids=tuple(ids), token_ids=sampled, logprobs=(0.0,) * len(sampled), finish_reason="stop")
+        episode.record(call, config.environment, tokenizer, text)
+        expected = ids + list(sampled)
+        text += tokenizer.decode(list(sampled), skip_special_tokens=True) + f" [tool {turn}]"
+
+
 def test_two_batches_at_once_each_get_their_own_episodes(config, engine, tokenizer):
     """Async GRPO generates the next batch while the trainer validates: two batches through one endpoint at once
     give what each gives alone (no request is refused as another batch's, none crosses over)."""

@@ -106,7 +106,7 @@ class Endpoint:
         session, episode = self.live[key]
         try:
             body = await request.json()
-            ids = self._prompt_ids(session, episode, body, chat)
+            ids, text = self._prompt(session, episode, body, chat)
             params = session.sampling(episode, body)
         except (BadRequest, ValueError, TypeError, KeyError) as exc:
             return _error(400, f"bad request: {exc}", "invalid_request_error")
@@ -131,6 +131,7 @@ class Endpoint:
                 ),
                 session.env,
                 session.tokenizer,
+                text,
             )
             for out in outs
         ]
@@ -147,23 +148,26 @@ class Endpoint:
             )
         return reply(self.model_name, texts, calls, usage).model_dump(exclude_none=True)
 
-    def _prompt_ids(self, session: Session, episode: AgentEpisode, body: dict[str, Any], chat: bool) -> list[int]:
+    def _prompt(
+        self, session: Session, episode: AgentEpisode, body: dict[str, Any], chat: bool
+    ) -> tuple[list[int], str]:
+        """The request's prompt as token ids, and as the text the agent sent (a chat: its rendered template)."""
         tok = session.tokenizer
         if chat:
             messages = body["messages"]
             tools = body.get("tools") if body.get("tool_choice") != "none" else None
             if not getattr(tok, "chat_template", None):
                 raise BadRequest("the model's tokenizer has no chat template: use /v1/completions")
-            text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-            return episode.ids(str(text), tok)
+            text = str(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False))
+            return episode.ids(text, tok), text
         prompt = body["prompt"]
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+            return list(prompt), tok.decode(prompt)
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("prompt must be one non-empty string or one list of token ids")
-        return episode.ids(prompt, tok)
+        return episode.ids(prompt, tok), prompt
 
 
 def _completion_reply(model: str, texts: list[str], calls: list[Call], usage: CompletionUsage) -> Completion:

@@ -29,8 +29,9 @@ class AgentEpisode:
     sample_index: int
     row: dict[str, Any]
     calls: list[Call] = attrs.Factory(list)
-    #: (text, ids): each call's prompt + completion as text (with and without special tokens) and as the ids the
-    #: engine saw and sampled; a later prompt that starts with the text reuses the ids
+    #: (text, ids): each call's prompt as the agent sent it (a chat: as rendered) + its completion as the agent got
+    #: it back (or with its special tokens, as a chat template writes them again), and the ids the engine saw and
+    #: sampled; a later prompt that starts with the text reuses the ids
     prefixes: list[tuple[str, list[int]]] = attrs.Factory(list)
     #: the first prompt's length, where the token budget starts
     first_prompt: int | None = None
@@ -78,8 +79,9 @@ class AgentEpisode:
         if len(prompt_ids) >= context:
             raise Refused("budget", f"the prompt ({len(prompt_ids)} tokens) fills policy.max_total_sequence_length")
 
-    def record(self, call: Call, env: EnvironmentConfig, tokenizer: Any) -> Call:
-        """Keep a sampled call, cut at the episode's token budget (which then ends the episode); the call kept."""
+    def record(self, call: Call, env: EnvironmentConfig, tokenizer: Any, prompt_text: str) -> Call:
+        """Keep a sampled call of the prompt the agent sent as ``prompt_text``, cut at the episode's token budget
+        (which then ends the episode); the call kept."""
         if self.first_prompt is None:
             self.first_prompt = len(call.prompt_ids)
         room = env.max_total_tokens - (len(call.prompt_ids) - self.first_prompt)
@@ -90,7 +92,6 @@ class AgentEpisode:
             self.ended = "budget"
         self.calls.append(call)
         ids = list(call.prompt_ids) + list(call.token_ids)
-        prompt_text = tokenizer.decode(list(call.prompt_ids))
         for skip in (False, True):
             self.prefixes.append((prompt_text + tokenizer.decode(list(call.token_ids), skip_special_tokens=skip), ids))
         return call
