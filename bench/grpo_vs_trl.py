@@ -41,7 +41,12 @@ PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny:qwen2-tiny"},
     "small": {"model": "tiny:qwen2-small"},
-    "smollm2": {"model": "packaged:smollm2-135m-instruct"},
+    # micro-batches of 8 rows: 64 rows of a 49152-token vocabulary at once would need ~17 GiB here (the same
+    # gradient either way); TRL takes its batch whole, as on the other shapes
+    "smollm2": {
+        "model": "packaged:smollm2-135m-instruct",
+        "ours": ["policy.train_micro_batch_size=8", "policy.logprob_batch_size=8"],
+    },
     "small-long": {
         "model": "tiny:qwen2-small",
         "preamble": (16, 64),

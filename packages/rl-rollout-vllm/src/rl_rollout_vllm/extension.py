@@ -2,7 +2,10 @@
 
 The engine actor reaches these methods with ``collective_rpc``, so with tensor parallelism every TP rank loads
 the full weights and vLLM's weight loaders keep each rank's shard. The model runner's ``reload_weights`` redoes
-the platform's weight processing (on CPU, oneDNN repacking), which ``model.load_weights`` alone does not.
+the platform's weight processing (on CPU, oneDNN repacking), which ``model.load_weights`` alone does not. A
+model with tied embeddings gets its output layer from the embedding in every reload: a checkpoint (and our refit)
+holds the embedding once, and vLLM keeps the output layer's processed copy apart, so without it the layer stayed
+at the weights of the first load (a dummy one, on the compile stand-in).
 """
 
 from __future__ import annotations
@@ -35,16 +38,24 @@ class RefitExtension:
         device = next(self.model_runner.get_model().parameters()).device
         named = receive_weights(weights, rank=rank_offset + self.rank, device=device)
         if adapter_scale is not None and named and all(lora.is_adapter(name) for name, _ in named):
-            self.model_runner.reload_weights(weights_iterator=self._merged(dict(named), adapter_scale))
+            self._reload(self._merged(dict(named), adapter_scale))
         else:
-            self.model_runner.reload_weights(weights_iterator=named)
+            self._reload(named)
         return received_stats(named, weights, time.perf_counter() - start)
 
     def rl_load_folder(self, folder: str) -> None:
         """The weights of the model folder ``folder`` (an engine started with dummy weights on its compile
         stand-in, ``rl_rollout_vllm.compile_alias``); the folder the adapters' base is read from."""
         self._weights_folder = folder
-        self.model_runner.reload_weights(weights_iterator=list(_folder_weights(folder).items()))
+        self._reload(list(_folder_weights(folder).items()))
+
+    def _reload(self, named: list[tuple[str, Any]]) -> None:
+        """``reload_weights`` of ``named``, a tied model's output layer made from its embedding when not given."""
+        tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
+        names = {name for name, _ in named}
+        if tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
+            named = [*named, ("lm_head.weight", dict(named)["model.embed_tokens.weight"])]
+        self.model_runner.reload_weights(weights_iterator=named)
 
     def _merged(self, adapters: dict[str, Any], scale: float) -> list[tuple[str, Any]]:
         """Every weight of the base model (the folder vLLM loaded), with each adapted one's ``scale * B @ A`` added."""
