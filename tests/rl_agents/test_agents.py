@@ -190,12 +190,11 @@ def test_turns_after_a_sampled_end_of_text_still_extend_the_episode(config, toke
 
     episode = AgentEpisode(number=0, key="k", prompt_index=0, sample_index=0, row={})
     eos = tokenizer.eos_token_id
-    text = "Add 1+2."
+    text, expected = "Add 1+2.", []
     for turn in range(3):
         ids = episode.ids(text, tokenizer)
-        if turn:
-            assert ids[: len(expected)] == expected, f"turn {turn}: the earlier ids reused"
-        sampled = tuple(tokenizer(f" x{turn}", add_special_tokens=False)["input_ids"]) + (eos,)
+        assert ids[: len(expected)] == expected, f"turn {turn}: the earlier ids reused"
+        sampled = (*tokenizer(f" x{turn}", add_special_tokens=False)["input_ids"], eos)
         call = Call(prompt_ids=tuple(ids), token_ids=sampled, logprobs=(0.0,) * len(sampled), finish_reason="stop")
         episode.record(call, config.environment, tokenizer, text)
         expected = ids + list(sampled)
