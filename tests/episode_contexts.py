@@ -3,6 +3,9 @@ tokenizer, engine, environment runner); no backend, hooks or run folder."""
 
 from typing import Any
 
+from rl_core.contracts.protocols import Transition
+from rl_core.rewards.environments import Calculator
+
 
 def episode_context(config: Any, engine: Any, tokenizer: Any, runner: Any, engine_name: str = "test") -> Any:
     from rl_core.training.context import RunContext
@@ -22,3 +25,12 @@ def episode_context(config: Any, engine: Any, tokenizer: Any, runner: Any, engin
         loggers=[],
         environment=runner,
     )
+
+
+class ScriptedCalculator(Calculator):
+    """The calculator, but a model turn that is not a call still gets an observation (" Try again:"): every episode
+    runs all its turns (tests/rl_agents/scripted_agents.py's ``scripted`` is this as an agent program)."""
+
+    def step(self, state: Any, action: str) -> Transition:
+        answer = super().step(state, action)
+        return answer if not answer.done else Transition(observation=" Try again:", state=state)

@@ -7,14 +7,14 @@ import logging
 import attrs
 import httpx
 import pytest
-from episode_contexts import episode_context
+from episode_contexts import ScriptedCalculator, episode_context
 from scripted_agents import STREAMED
 
 from rl_agents.config import AgentConfig
 from rl_agents.host import AgentHost, load_entry
 from rl_core.base.errors import ConfigError
 from rl_core.config.loader import load_config
-from rl_core.contracts.protocols import SamplingParams, Transition
+from rl_core.contracts.protocols import SamplingParams
 from rl_core.rewards.environments import Calculator
 from rl_core.training.context import Phases
 from rl_core.training.episodes import EnvironmentRunner
@@ -42,14 +42,6 @@ class Recording:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-class ScriptedCalculator(Calculator):
-    """A turn that would end the episode gets " Try again:" instead (scripted_agents.scripted, as an environment)."""
-
-    def step(self, state, action):
-        answer = super().step(state, action)
-        return answer if not answer.done else Transition(observation=" Try again:", state=state)
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +142,32 @@ def test_agent_episodes_are_the_engines_samples_and_the_core_environments_token_
         assert scored.metrics["env/ended_max_turns"] == 1.0
         assert any(not s for r in scored.rollouts for s in r.sampled), "observations were appended"
     assert scored.metrics["agent/split_episodes"] == 0.0 and not scored.earlier
+
+
+def test_streaming_agent_episodes_are_the_core_streaming_episodes(config, engine, tokenizer):
+    """``environment.schedule: streaming`` (the default on engines that batch concurrent calls): each request its
+    own engine call, seeded by (seed, turn, episode) as the core seeds a streaming episode's turns, so the agent's
+    episodes are the core's token for token, whatever order the requests arrive in."""
+    streaming = attrs.evolve(config, environment=attrs.evolve(config.environment, schedule="streaming"))
+    params = SamplingParams(n=2, max_new_tokens=12, seed=7)
+    scored, _ = agent_run(streaming, engine, tokenizer, ROWS, params, entry="scripted_agents:calculator")
+    runner = EnvironmentRunner(Calculator(), "calculator", streaming.environment, ("</calc>", "</answer>"))
+    core = episode_context(
+        attrs.evolve(streaming, environment=attrs.evolve(streaming.environment, options=None)),
+        engine,
+        tokenizer,
+        runner,
+        "hf",
+    )
+    try:
+        builtin = generate_and_score(core, ROWS, params, Phases())
+    finally:
+        runner.close()
+    for ours, theirs in zip(scored.rollouts, builtin.rollouts, strict=True):
+        n = len(ours.token_ids)
+        assert ours.prompt_token_ids == theirs.prompt_token_ids and ours.token_ids == theirs.token_ids[:n]
+        assert ours.sampled == theirs.sampled[:n] and not any(theirs.sampled[n:])
+    assert scored.rewards == builtin.rewards and not scored.earlier
 
 
 def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_editing_agent_splits(

@@ -6,11 +6,12 @@ import time
 
 import attrs
 import pytest
+from episode_contexts import ScriptedCalculator
 from episode_contexts import episode_context as make_episode_context
 
 from rl_core.certify.reward import certify_environment
 from rl_core.config.loader import load_config
-from rl_core.contracts.protocols import SamplingParams, Transition
+from rl_core.contracts.protocols import SamplingParams
 from rl_core.rewards.environments import Calculator, CalculatorConfig
 from rl_core.training.context import Phases
 from rl_core.training.episodes import EnvironmentRunner
@@ -42,14 +43,6 @@ class Recording:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-class ScriptedCalculator(Calculator):
-    """The calculator, but a model turn that is not a call still gets an observation: every episode runs its turns."""
-
-    def step(self, state, action):
-        answer = super().step(state, action)
-        return answer if not answer.done else Transition(observation=" Try again:", state=state)
 
 
 @pytest.fixture(scope="module")
