@@ -104,6 +104,29 @@ def model_spans(rollout):
     return spans
 
 
+def assert_core_episodes(scored, config, engine, tokenizer, environment, params):
+    """The agent's episodes ``scored`` are the core environment's on the same rows, seeds and schedule, token for
+    token (the core keeps an observation after the last turn; the agent never sends it), rewards included."""
+    runner = EnvironmentRunner(environment, "calculator", config.environment, ("</calc>", "</answer>"))
+    core = episode_context(
+        attrs.evolve(config, environment=attrs.evolve(config.environment, options=None)),
+        engine,
+        tokenizer,
+        runner,
+        "hf",
+    )
+    try:
+        builtin = generate_and_score(core, ROWS, params, Phases())
+    finally:
+        runner.close()
+    for ours, theirs in zip(scored.rollouts, builtin.rollouts, strict=True):
+        n = len(ours.token_ids)
+        assert ours.prompt_token_ids == theirs.prompt_token_ids and ours.token_ids == theirs.token_ids[:n]
+        assert ours.sampled == theirs.sampled[:n] and ours.logprobs == theirs.logprobs[:n]
+        assert not any(theirs.sampled[n:]), "all the model's tokens are in the agent's sample"
+    assert scored.rewards == builtin.rewards
+
+
 @pytest.mark.parametrize(
     ("agent", "environment"),
     [("scripted", ScriptedCalculator()), ("calculator", Calculator())],
@@ -119,24 +142,7 @@ def test_agent_episodes_are_the_engines_samples_and_the_core_environments_token_
             assert any(p == before and list(o.token_ids) == sampled for p, o in recorded.pairs), (
                 "each run of model tokens is what one engine call sampled for exactly the ids before it"
             )
-    runner = EnvironmentRunner(environment, "calculator", config.environment, ("</calc>", "</answer>"))
-    core = episode_context(
-        attrs.evolve(config, environment=attrs.evolve(config.environment, options=None)),
-        engine,
-        tokenizer,
-        runner,
-        "hf",
-    )
-    try:
-        builtin = generate_and_score(core, ROWS, params, Phases())
-    finally:
-        runner.close()
-    for ours, theirs in zip(scored.rollouts, builtin.rollouts, strict=True):
-        n = len(ours.token_ids)  # the core keeps an observation after the last turn; the agent never sends it
-        assert ours.prompt_token_ids == theirs.prompt_token_ids and ours.token_ids == theirs.token_ids[:n]
-        assert ours.sampled == theirs.sampled[:n] and ours.logprobs == theirs.logprobs[:n]
-        assert not any(theirs.sampled[n:]), "all the model's tokens are in the agent's sample"
-    assert scored.rewards == builtin.rewards
+    assert_core_episodes(scored, config, engine, tokenizer, environment, params)
     if agent == "scripted":
         assert scored.metrics["env/turns"] == 3, "three turns (the fourth request refused, not counted)"
         assert scored.metrics["env/ended_max_turns"] == 1.0
@@ -151,23 +157,8 @@ def test_streaming_agent_episodes_are_the_core_streaming_episodes(config, engine
     streaming = attrs.evolve(config, environment=attrs.evolve(config.environment, schedule="streaming"))
     params = SamplingParams(n=2, max_new_tokens=12, seed=7)
     scored, _ = agent_run(streaming, engine, tokenizer, ROWS, params, entry="scripted_agents:calculator")
-    runner = EnvironmentRunner(Calculator(), "calculator", streaming.environment, ("</calc>", "</answer>"))
-    core = episode_context(
-        attrs.evolve(streaming, environment=attrs.evolve(streaming.environment, options=None)),
-        engine,
-        tokenizer,
-        runner,
-        "hf",
-    )
-    try:
-        builtin = generate_and_score(core, ROWS, params, Phases())
-    finally:
-        runner.close()
-    for ours, theirs in zip(scored.rollouts, builtin.rollouts, strict=True):
-        n = len(ours.token_ids)
-        assert ours.prompt_token_ids == theirs.prompt_token_ids and ours.token_ids == theirs.token_ids[:n]
-        assert ours.sampled == theirs.sampled[:n] and not any(theirs.sampled[n:])
-    assert scored.rewards == builtin.rewards and not scored.earlier
+    assert_core_episodes(scored, streaming, engine, tokenizer, Calculator(), params)
+    assert not scored.earlier
 
 
 def test_a_chat_agents_turns_join_through_the_template_streamed_or_not_and_an_editing_agent_splits(
