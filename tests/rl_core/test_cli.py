@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 
 def rl_core(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -167,7 +168,9 @@ def test_dry_run_shows_config_components_placement_and_data_and_starts_nothing(t
 
 def test_dry_run_shows_only_the_values_the_run_uses(tmp_path):
     """Data from files: the built-in task's row counts are not shown beside the files' (they are not read), and the
-    rows a validation uses are the file's when it holds fewer than ``max_val_samples``."""
+    rows a validation uses are the file's when it holds fewer than ``max_val_samples``. Nor other algorithms'
+    sections, the settings of components not chosen (their ``enabled`` stays: selection reads it), an environment's
+    settings without one, LoRA's when it is off."""
     for split, n in (("train", 12), ("val", 5)):
         (tmp_path / f"{split}.jsonl").write_text(
             "".join(json.dumps({"prompt": f"q{i}", "answer": "a"}) + "\n" for i in range(n))
@@ -181,6 +184,12 @@ def test_dry_run_shows_only_the_values_the_run_uses(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "num_train" not in out.stdout and "num_val" not in out.stdout and "task:" not in out.stdout, out.stdout
+    shown = yaml.safe_load(out.stdout.split("== resolved config\n")[1].split("== components")[0])
+    assert not {"ppo", "reinforce", "sft", "dpo", "reward_model", "distill"} & shown.keys(), shown.keys()
+    assert "grpo" in shown and shown["policy"]["dtensor_cfg"]["logits_at_loss_positions"] is True
+    assert shown["policy"]["megatron_cfg"] == {"enabled": False}
+    assert shown["policy"]["generation"]["hf_cfg"] == {"enabled": True}  # vLLM won on priority
+    assert shown["environment"] == {"name": None} and shown["policy"]["lora"] == {"enabled": False}
     assert (
         "train: 12 rows" in out.stdout
         and "val: 5 rows; each validation uses 5 (grpo.max_val_samples: 128)" in out.stdout

@@ -41,8 +41,8 @@ from rl_core.outputs.console import RunConsole
 from rl_core.outputs.logs import run_logs
 from rl_core.outputs.plot import plot_run
 from rl_core.plugins.registry import Registry
-from rl_core.plugins.selection import select
-from rl_core.plugins.specs import KINDS, CliCommandSpec
+from rl_core.plugins.selection import Selection, select
+from rl_core.plugins.specs import KINDS, AlgorithmSpec, CliCommandSpec, RolloutEngineSpec, TrainingBackendSpec
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -175,7 +175,7 @@ def dry_run(config: Any, registry: Registry) -> int:
     chosen = select(config, registry, device)
     check_loggers(config, registry)
     console.print("== resolved config", style="bold")
-    sys.stdout.write(yaml.safe_dump(used_settings(config), sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(used_settings(config, chosen, registry), sort_keys=False))
     console.print("== components", style="bold")
     for line in chosen.lines().values():
         console.print(escape(line), highlight=False)
@@ -206,12 +206,36 @@ def dry_run(config: Any, registry: Registry) -> int:
     return 0
 
 
-def used_settings(config: Any) -> dict[str, Any]:
-    """The resolved config without the keys this run does not read: the built-in task's when both splits are files."""
+def used_settings(config: Any, chosen: Selection, registry: Registry) -> dict[str, Any]:
+    """The resolved config without the keys this run does not read: the built-in task's when both splits are files,
+    other algorithms' sections, the sections of the backends and engines not chosen (their ``enabled`` kept: the
+    selection read it), the environment's without one, LoRA's and the warm-up cache's when off."""
     settings = to_dict(config)
     if not config.data.task or (config.data.train_path and config.data.val_path):
         for key in ("task", "num_train", "num_val", "seed"):
             settings["data"].pop(key, None)
+    chosen_keys = {
+        spec.config_key for spec in (chosen.algorithm, chosen.backend.chosen, chosen.engine and chosen.engine.chosen)
+    }
+    losers = [*registry.specs(TrainingBackendSpec).values(), *registry.specs(RolloutEngineSpec).values()]
+    algorithms = list(registry.specs(AlgorithmSpec).values())
+    for spec in [*losers, *algorithms]:
+        if not spec.config_key or spec.config_key in chosen_keys:
+            continue
+        *parents, last = spec.config_key.split(".")
+        node = settings
+        for part in parents:
+            node = node.get(part, {})
+        if last in node:
+            node[last] = {"enabled": node[last]["enabled"]} if spec in losers else None
+            if node[last] is None:
+                del node[last]
+    if not config.environment.name:
+        settings["environment"] = {"name": None}
+    if not config.policy.lora.enabled:
+        settings["policy"]["lora"] = {"enabled": False}
+    if not config.warmup_recipe:
+        settings.pop("warmup_cache", None)
     return settings
 
 
