@@ -10,6 +10,9 @@ counted from the tensors the trainer holds; the median step time; TRL's step tim
 the engine merges: the same generate with the adapters unmerged (a ``peft`` model, one process, one thread) against
 the plain model.
 
+``--model`` is one of bench/grpo_vs_trl.py's shapes (``tiny``, ``small``, ``smollm2``: the real pretrained chat model,
+with its micro-batch settings); a model other than ``small`` writes its own section, ``lora_MODEL``.
+
     python bench/lora.py [--model small] [--reps 2] [--steps 6] [--rank 16]
 """
 
@@ -22,12 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_vs_trl import TRL, Ours
+from grpo_vs_trl import PHASES, SHAPES, TRL, Ours
 from harness import alternate, fmt, stats, write
 
-from rl_core.data.tiny_models import ensure_tiny_model
-
-MODELS = {"tiny": "qwen2-tiny", "small": "qwen2-small"}
+from rl_core.data.models import resolve_model_path
 
 
 def lora_overrides(rank: int) -> list[str]:
@@ -133,23 +134,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True, help="TRL's LoRA side too")
     args = parser.parse_args()
-    model = ensure_tiny_model(MODELS[args.model])
-    hf = ["policy.generation.backend=hf"]
+    shape = SHAPES[args.model]
+    model = Path(resolve_model_path(shape["model"]))
+    hf = ["policy.generation.backend=hf", *shape.get("ours", [])]
     with contextlib.ExitStack() as stack:
         full = OursRefit(model, 0.0, stack, hf)
         adapters = OursRefit(model, 0.0, stack, [*hf, *lora_overrides(args.rank)])
-        trl = TRLLora(model, args.rank)
-        times = alternate(
-            {
-                "ours LoRA": lambda: adapters.run(args.steps),
-                "ours full": lambda: full.run(args.steps),
-                "TRL LoRA": lambda: trl.run(args.steps),
-            },
-            args.reps,
-        )
+        sides = {"ours LoRA": lambda: adapters.run(args.steps), "ours full": lambda: full.run(args.steps)}
+        if args.trl:
+            trl = TRLLora(model, args.rank)
+            sides["TRL LoRA"] = lambda: trl.run(args.steps)
+        times = alternate(sides, args.reps)
     memory = {"ours LoRA": trainer_bytes(model, args.rank), "ours full": trainer_bytes(model, None)}
     refits = {"ours LoRA": adapters.refits, "ours full": full.refits}
+    ours = {"ours LoRA": adapters.rows, "ours full": full.rows}
     results: dict[str, Any] = {"model": args.model, "rank": args.rank, "sides": {}}
     for side, samples in times.items():
         entry: dict[str, Any] = {"step_s": stats(samples)}
@@ -157,18 +157,30 @@ def main() -> None:
             entry["refit_bytes"] = statistics.median(b for b, _ in refits[side][ROUTES[0]])
             entry["refit_ms"] = {r: 1000 * statistics.median(s for _, s in refits[side][r]) for r in ROUTES}
             entry["trainer_bytes"] = memory[side]
+            entry["phases_s"] = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in ours[side]) for p in PHASES}
+            entry["trainer_peak_gib"] = max(r["train/peak_memory_gib"] for r in ours[side])
         results["sides"][side] = entry
-    lo, fu, tr = (results["sides"][k] for k in ("ours LoRA", "ours full", "TRL LoRA"))
+    lo, fu = results["sides"]["ours LoRA"], results["sides"]["ours full"]
     results["refit_bytes_ratio"] = lo["refit_bytes"] / fu["refit_bytes"]
     results["refit_speedup"] = {r: fu["refit_ms"][r] / lo["refit_ms"][r] for r in ROUTES}
     results["trainer_memory_ratio"] = lo["trainer_bytes"]["total"] / fu["trainer_bytes"]["total"]
-    results["lora_vs_trl_lora_speedup"] = tr["step_s"]["median"] / lo["step_s"]["median"]
-    results["unmerged_decode"] = unmerged_decode(model, args.rank)
+    results["lora_vs_full_speedup"] = fu["step_s"]["median"] / lo["step_s"]["median"]
+    if args.trl:
+        results["lora_vs_trl_lora_speedup"] = results["sides"]["TRL LoRA"]["step_s"]["median"] / lo["step_s"]["median"]
+    results["unmerged_decode"] = unmerged_decode(model, args.rank, reps=2 * args.reps)
     write(
-        "lora",
+        "lora" if args.model == "small" else f"lora_{args.model}",
         results,
-        [row(side, results["sides"][side]) for side in ("ours LoRA", "ours full", "TRL LoRA")],
-        ("side", "s/step (min-max)", "refit bytes", *(f"refit ms, {r}" for r in ROUTES), "trainer params+grads+AdamW"),
+        [row(side, entry) for side, entry in results["sides"].items()],
+        (
+            "side",
+            "s/step (min-max)",
+            "phases (s)",
+            "refit bytes",
+            *(f"refit ms, {r}" for r in ROUTES),
+            "trainer params+grads+AdamW",
+            "trainer peak RSS",
+        ),
         notes=notes(args, results),
     )
 
@@ -178,9 +190,11 @@ def row(side: str, e: dict[str, Any]) -> tuple[str, ...]:
     return (
         side,
         f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})",
+        ", ".join(f"{p} {v:.2f}" for p, v in e["phases_s"].items() if v) if "phases_s" in e else "-",
         f"{e['refit_bytes'] / 1e6:.2f} MB" if "refit_bytes" in e else "-",
         *(f"{e['refit_ms'][r]:.1f}" if "refit_ms" in e else "-" for r in ROUTES),
         f"{e['trainer_bytes']['total'] / 1e6:.1f} MB" if "trainer_bytes" in e else "-",
+        f"{e['trainer_peak_gib']:.2f} GiB" if "trainer_peak_gib" in e else "-",
     )
 
 
@@ -195,8 +209,13 @@ def notes(args: argparse.Namespace, results: dict[str, Any]) -> str:
         f"{speedup['broadcast']:.2f}x over broadcast (the route to engines on other hosts). Applying the adapters"
         f" unmerged instead would cost every generate {dec['slowdown']:.2f}x the plain model's time"
         f" ({dec['unmerged_s']:.2f} s vs {dec['plain_s']:.2f} s for 64 x 64 tokens on one thread). Trainer memory"
-        f" {results['trainer_memory_ratio']:.1%} of full fine-tuning's; our LoRA step vs TRL GRPOTrainer with the"
-        f" same peft_config: **{results['lora_vs_trl_lora_speedup']:.2f}x**."
+        f" {results['trainer_memory_ratio']:.1%} of full fine-tuning's (params+grads+AdamW); full step time / LoRA"
+        f" step time: **{results['lora_vs_full_speedup']:.2f}x**."
+        + (
+            f" Our LoRA step vs TRL GRPOTrainer with the same peft_config: **{results['lora_vs_trl_lora_speedup']:.2f}x**."
+            if "lora_vs_trl_lora_speedup" in results
+            else ""
+        )
     )
 
 

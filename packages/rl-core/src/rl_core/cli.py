@@ -214,9 +214,8 @@ def used_settings(config: Any, chosen: Selection, registry: Registry) -> dict[st
     if not config.data.task or (config.data.train_path and config.data.val_path):
         for key in ("task", "num_train", "num_val", "seed"):
             settings["data"].pop(key, None)
-    chosen_keys = {
-        spec.config_key for spec in (chosen.algorithm, chosen.backend.chosen, chosen.engine and chosen.engine.chosen)
-    }
+    picked = [chosen.algorithm, chosen.backend.chosen, *([chosen.engine.chosen] if chosen.engine else [])]
+    chosen_keys = {spec.config_key for spec in picked}
     losers = [*registry.specs(TrainingBackendSpec).values(), *registry.specs(RolloutEngineSpec).values()]
     algorithms = list(registry.specs(AlgorithmSpec).values())
     for spec in [*losers, *algorithms]:
