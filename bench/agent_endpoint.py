@@ -44,7 +44,8 @@ def main() -> None:
     from rl_core.data.prompts import parity_task
     from rl_core.distributed.cluster import init_ray
     from rl_core.plugins.registry import Registry
-    from rl_core.training.context import Phases, RunContext
+    from rl_core.testing.episodes import episode_context
+    from rl_core.training.context import Phases
     from rl_core.training.episodes import EnvironmentRunner
     from rl_core.training.rollouts import generate_and_score
     from rl_rollout_vllm.engine import make_engine
@@ -72,24 +73,9 @@ def main() -> None:
             "agent via the endpoint": host,
         }
 
-        def context(driver: Any) -> RunContext:
-            return RunContext(
-                config=config,
-                hook=registry.hook,
-                run_dir=None,
-                console=None,
-                tokenizer=tokenizer,
-                device="cpu",
-                backend=None,
-                engine=engine,
-                engine_name="vllm",
-                rewards=[],
-                checkpoints=None,
-                loggers=[],
-                environment=driver,
-            )
-
-        contexts = {name: context(d) for name, d in drivers.items()}
+        contexts = {
+            name: episode_context(config, engine, tokenizer, d, "vllm", registry.hook) for name, d in drivers.items()
+        }
         params = SamplingParams(n=EPISODES_PER_ROW, max_new_tokens=TOKENS_PER_TURN, seed=1)
         sampled: dict[str, list[tuple[int, ...]]] = {}
 

@@ -68,7 +68,7 @@ def measure(
     from rl_core.config.loader import load_config
     from rl_core.data.prompts import parity_task
     from rl_core.distributed.cluster import init_ray
-    from rl_core.training.context import RunContext
+    from rl_core.testing.episodes import episode_context
     from rl_core.training.episodes import EnvironmentRunner, run_episodes
     from rl_rollout_vllm.engine import make_engine
 
@@ -97,21 +97,7 @@ def measure(
             runner = EnvironmentRunner(
                 SlowTool(latency if seconds_slow is None else seconds_slow), "slow_tool", cfg, ()
             )
-            ctx = RunContext(
-                config=config,
-                hook=registry.hook,
-                run_dir=None,  # episodes need only the engine, tokenizer and config
-                console=None,
-                tokenizer=tokenizer,
-                device="cpu",
-                backend=None,
-                engine=engine,
-                engine_name="vllm",
-                rewards=[],
-                checkpoints=None,
-                loggers=[],
-                environment=runner,
-            )
+            ctx = episode_context(config, engine, tokenizer, runner, "vllm", registry.hook)
             params = SamplingParams(n=EPISODES_PER_ROW, max_new_tokens=TOKENS_PER_TURN, seed=0)
             run_episodes(ctx, runner, rows[:2], params)  # warm-up (compilation)
             seconds, tokens = [], []

@@ -7,7 +7,7 @@ import logging
 import attrs
 import httpx
 import pytest
-from episode_contexts import ScriptedCalculator, episode_context
+from episode_contexts import ScriptedCalculator
 from scripted_agents import STREAMED
 
 from rl_agents.config import AgentConfig
@@ -16,6 +16,7 @@ from rl_core.base.errors import ConfigError
 from rl_core.config.loader import load_config
 from rl_core.contracts.protocols import SamplingParams
 from rl_core.rewards.environments import Calculator
+from rl_core.testing.episodes import episode_context
 from rl_core.training.context import Phases
 from rl_core.training.episodes import EnvironmentRunner
 from rl_core.training.rollouts import generate_and_score, rollout_batch

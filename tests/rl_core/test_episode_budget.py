@@ -6,9 +6,9 @@ is the core's, not theirs) and the tokenizer has one token per character, so eve
 from typing import Any
 
 import pytest
-from episode_contexts import episode_context
 
 from rl_core.contracts.protocols import Rollout, SamplingParams, Transition
+from rl_core.testing.episodes import episode_context
 from rl_core.training.episodes import EnvironmentRunner, run_episodes
 
 #: per prompt: the model's turns, in order (each turn's text; one token per character)

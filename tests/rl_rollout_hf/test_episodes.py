@@ -7,12 +7,12 @@ import time
 import attrs
 import pytest
 from episode_contexts import ScriptedCalculator
-from episode_contexts import episode_context as make_episode_context
 
 from rl_core.certify.reward import certify_environment
 from rl_core.config.loader import load_config
 from rl_core.contracts.protocols import SamplingParams
 from rl_core.rewards.environments import Calculator, CalculatorConfig
+from rl_core.testing.episodes import episode_context as make_episode_context
 from rl_core.training.context import Phases
 from rl_core.training.episodes import EnvironmentRunner
 from rl_core.training.rollouts import generate_and_score, rollout_batch
