@@ -216,19 +216,20 @@ def used_settings(config: Any, chosen: Selection, registry: Registry) -> dict[st
             settings["data"].pop(key, None)
     picked = [chosen.algorithm, chosen.backend.chosen, *([chosen.engine.chosen] if chosen.engine else [])]
     chosen_keys = {spec.config_key for spec in picked}
-    losers = [*registry.specs(TrainingBackendSpec).values(), *registry.specs(RolloutEngineSpec).values()]
-    algorithms = list(registry.specs(AlgorithmSpec).values())
-    for spec in [*losers, *algorithms]:
+    components = [*registry.specs(TrainingBackendSpec).values(), *registry.specs(RolloutEngineSpec).values()]
+    for spec in [*components, *registry.specs(AlgorithmSpec).values()]:
         if not spec.config_key or spec.config_key in chosen_keys:
             continue
         *parents, last = spec.config_key.split(".")
         node = settings
         for part in parents:
             node = node.get(part, {})
-        if last in node:
-            node[last] = {"enabled": node[last]["enabled"]} if spec in losers else None
-            if node[last] is None:
-                del node[last]
+        if last not in node:
+            continue
+        if spec in components:  # the selection read its `enabled`
+            node[last] = {"enabled": node[last]["enabled"]}
+        else:
+            del node[last]
     if not config.environment.name:
         settings["environment"] = {"name": None}
     if not config.policy.lora.enabled:
