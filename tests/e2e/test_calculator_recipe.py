@@ -1,5 +1,5 @@
 """The README's multi-turn headline, shortened: ``examples/configs/grpo_calculator.yaml`` as committed (its SFT
-warm-up and seed), 20 GRPO steps instead of 40. The warm-up must teach the tool call's format and copying (a model
+warm-up and seed), 20 GRPO steps instead of 40 (validated at 0, 10 and 20). The warm-up must teach the tool call's format and copying (a model
 that cannot copy the sum into ``<calc>`` never learns to use the tool), and GRPO must then take the held-out
 reward from ~0 to near the README's figure. The full recipe's figures (README) come from
 ``rl-core run examples/configs/grpo_calculator.yaml``."""
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_calculator.yaml"
 AGENT_RECIPE = RECIPE.with_name("grpo_calculator_agent.yaml")
-SHORT = ["logger.progress=false", "grpo.max_num_steps=20", "grpo.val_period=20"]
+SHORT = ["logger.progress=false", "grpo.max_num_steps=20", "grpo.val_period=10"]
 
 
 def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
@@ -70,6 +70,7 @@ def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path):
         ("train", 10),
         ("train", 20),
         ("val", 0),
+        ("val", 10),
         ("val", 20),
     }
     assert max(sum(s["prompt"] == t["prompt"] and s["step"] == t["step"] for t in samples) for s in samples) == 2
@@ -80,15 +81,17 @@ def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path):
 def test_the_calculator_as_an_openai_client_agent_trains_as_the_environment_does(
     builtin_run: Path, rl_registry, tmp_path: Path
 ):
-    """grpo_calculator_agent.yaml: the same task as an agent program through the run's endpoint. Its episodes are
-    the environment's token for token (tests/rl_agents/test_agents.py), so its run is the same run: every step's
-    rewards and the held-out reward equal the built-in recipe's (the README's agent figure is that one)."""
+    """grpo_calculator_agent.yaml: the same task as an agent program through the run's endpoint, for 10 steps. Its
+    episodes are the environment's token for token (tests/rl_agents/test_agents.py), so its run is the same run:
+    every step's rewards and the held-out reward at steps 0 and 10 equal the built-in recipe's (the README's agent
+    figures are that run's)."""
     run = tmp_path / "agent"
-    run_config(load_config(AGENT_RECIPE, [f"run_dir={run}", *SHORT], rl_registry), rl_registry)
+    overrides = [f"run_dir={run}", *SHORT, "grpo.max_num_steps=10"]
+    run_config(load_config(AGENT_RECIPE, overrides, rl_registry), rl_registry)
     ours, theirs = metrics(run), metrics(builtin_run)
-    assert sorted(ours) == sorted(theirs)
-    for step in sorted(theirs):
+    assert sorted(ours) == list(range(11))
+    for step in sorted(ours):
         for key in ("reward", "val/reward", "env/turns", "response_length"):
             if key in theirs[step]:
                 assert ours[step][key] == pytest.approx(theirs[step][key], abs=1e-6), (step, key)
-    assert ours[20]["val/reward"] >= 0.85 and ours[20]["agent/split_episodes"] == 0.0
+    assert ours[10]["val/reward"] >= 0.8 and ours[10]["agent/split_episodes"] == 0.0

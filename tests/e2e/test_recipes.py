@@ -27,14 +27,16 @@ def recipes() -> list[Path]:
     return sorted(CONFIGS.glob("*.yaml"))
 
 
-#: recipes another test already runs as a user would: the default job written out as a file, and distillation (it
-#: needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
+#: recipes another test already runs as a user would: the default job written out as a file, the LoRA recipe
+#: (test_main_job.py runs it whole with the HF engine, killed and resumed; vLLM's adapter refit is test_vllm.py's),
+#: and distillation (it needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
 #: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole);
 #: the calculator (test_calculator_recipe.py runs it as committed, its warm-up and 20 steps with checkpoints); the real
 #: chat model's (test_chat_model.py runs it shortened, and resumes it)
 RUN_ELSEWHERE = {
     "grpo_smollm2_chat_lora",
     "grpo_parity_dtensor_vllm",
+    "grpo_lora",
     "distill",
     "grpo_reward_model",
     "ppo",
