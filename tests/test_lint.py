@@ -1,9 +1,8 @@
 """The tree is lint clean: ruff, the import contracts (.importlinter) and the type check (mypy.ini); `hatch run
-lint:check` runs the same commands. They read files only, so they start when collection ends, at idle CPU priority
-(``start_lint``, from conftest): the type check's minute then runs on the core the other tests leave idle (their
-start-ups are mostly one process importing), and each test here waits for its command's verdict."""
+lint:check` runs the same commands. They read files only, so they start when collection ends, side by side with
+the session's other set-up (``start_lint``, from conftest, which waits for their verdicts before the first test:
+``lint_result``); each test here reads its command's verdict."""
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,36 +16,32 @@ COMMANDS = {
     "import-contracts": ["lint-imports", "--no-cache"],
     "mypy": ["mypy"],
 }
-#: the running commands, by id (``start_lint``); a test started without them (a direct call) starts its own
+#: the started commands, by id (``start_lint``), and the verdicts of those that ended (``lint_result``)
 RUNNING: dict[str, subprocess.Popen] = {}
-
-
-def idle_priority() -> None:
-    """This process runs only on CPU that nothing else wants (Linux's ``SCHED_IDLE``). Not ``nice 19``: Ray runs its
-    workers at nice 15, against which a nice-19 process still takes ~30% of a core."""
-    if hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
-        os.nice(19)
+RESULTS: dict[str, tuple[int, str, str]] = {}
 
 
 def start_lint(ids: list[str]) -> None:
-    """Start the commands ``ids`` names in the background, at idle priority (``idle_priority``)."""
+    """Start the commands ``ids`` names, in the background."""
     for name in ids:
         tool = shutil.which(COMMANDS[name][0])
         if tool is not None and name not in RUNNING:
             RUNNING[name] = subprocess.Popen(
-                [tool, *COMMANDS[name][1:]],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                preexec_fn=idle_priority,
+                [tool, *COMMANDS[name][1:]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
 
 
+def lint_result(name: str) -> tuple[int, str, str]:
+    """Command ``name``'s exit status, output and errors (it is started now if it was not, and waited for)."""
+    if name not in RESULTS:
+        start_lint([name])
+        out, err = RUNNING[name].communicate(timeout=600)
+        RESULTS[name] = (RUNNING[name].returncode, out, err)
+    return RESULTS[name]
+
+
 def stop_lint() -> None:
-    """Kill any command no test waited for (its test deselected or the session cut short)."""
+    """Kill any command still running (the session cut short)."""
     for proc in RUNNING.values():
         if proc.poll() is None:
             proc.kill()
@@ -56,6 +51,5 @@ def stop_lint() -> None:
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_lint(name: str):
     assert shutil.which(COMMANDS[name][0]), f"{COMMANDS[name][0]} is a test dependency (hatch.toml)"
-    start_lint([name])
-    out, err = RUNNING[name].communicate(timeout=600)
-    assert RUNNING[name].returncode == 0, out[-6000:] + err[-2000:]
+    code, out, err = lint_result(name)
+    assert code == 0, out[-6000:] + err[-2000:]

@@ -10,8 +10,8 @@ import attrs
 from rl_core.base.errors import InputError
 from rl_core.contracts.batch import PreferenceBatch, TokenBatch, TokenBatchT, pad_rows
 from rl_core.contracts.protocols import LossFunction
-from rl_core.data.prompts import Example, chat_ids, render_prompt
-from rl_core.training.context import RunContext
+from rl_core.data.prompts import EpochSampler, Example, chat_ids, render_prompt
+from rl_core.training.context import Phases, RunContext
 from rl_core.training.loops import prefixed, run_loop
 
 _pos = attrs.validators.gt(0)
@@ -39,13 +39,20 @@ def run_supervised(
     encode: Callable[[list[Example]], TokenBatchT],
     loss_fn: LossFunction[TokenBatchT],
 ) -> dict[str, float]:
-    """One optimizer step per ``rows_per_step`` examples, ``encode``d and trained with ``loss_fn``; validation is
-    the same loss over the validation rows, from a forward pass only."""
+    """One optimizer step per ``rows_per_step`` examples, ``encode``d and trained with ``loss_fn`` (timed as
+    ``time/train``); validation is the same loss over the validation rows, from a forward pass only."""
+
+    def step(sampler: EpochSampler, _step: int) -> dict[str, float]:
+        phases = Phases()
+        with phases("train"):
+            metrics = prefixed("train", ctx.backend.train(encode(sampler.next()), loss_fn))
+        return {**metrics, **phases.metrics()}
+
     return run_loop(
         ctx,
         rows_per_step=rows_per_step,
         total_steps=cfg.max_num_steps,
-        step_fn=lambda sampler, _step: prefixed("train", ctx.backend.train(encode(sampler.next()), loss_fn)),
+        step_fn=step,
         validate=lambda rows, _step: validation_loss(ctx, encode(rows), loss_fn),
         val_period=cfg.val_period,
         val_at_start=cfg.val_at_start,
