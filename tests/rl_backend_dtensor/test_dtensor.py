@@ -10,6 +10,7 @@ from backend_mutants import MUTANTS
 from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
+from rl_core.certify.card import SGD_OVERRIDES
 from rl_core.certify.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
@@ -93,38 +94,6 @@ def relative_gap(update: dict, reference: dict) -> float:
     scale = max(float(r.abs().max()) for r in reference.values())
     assert scale > 0, "the reference step moved nothing"
     return max(float((update[k] - reference[k]).abs().max()) for k in reference) / scale
-
-
-def test_two_ranks_and_micro_batch_sizes_match_one_rank(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
-    """The same SGD update (the gradient) within float rounding: 1e-5 of its largest entry (measured: 0 for two
-    ranks, 8e-7 for the others; a gradient summed over ranks instead of averaged, or normalised per micro-batch, is
-    off by a factor)."""
-    batch = pg_batch(tokenizer)
-    runs = {}
-    for name, extra in {
-        "1 rank mb4": [],
-        "2 ranks mb4": ["policy.num_workers=2"],
-        "1 rank mb1": ["policy.train_micro_batch_size=1"],
-        "1 rank mb4, rows whole": ["policy.dtensor_cfg.shared_prefix=false"],
-    }.items():
-        runs[name] = sgd_update(rl_registry, tiny_model_path, tmp_path / name.replace(" ", "_"), batch, *extra)
-    update = {name: run[0] for name, run in runs.items()}
-    assert relative_gap(update["2 ranks mb4"], update["1 rank mb4"]) <= 1e-5
-    # rows 0 and 3 of each rank's micro-batch of 4 share their prompt, which runs once (dtensor_cfg.shared_prefix);
-    # one row per micro-batch or rows whole run it for each row
-    assert relative_gap(update["1 rank mb1"], update["1 rank mb4"]) <= 1e-5
-    assert relative_gap(update["1 rank mb4, rows whole"], update["1 rank mb4"]) <= 1e-5
-    # sharing ran, on two ranks as on one (fewer tokens through the model, summed over the ranks), after the
-    # start-up check passed it on every rank; the comparisons above are not of the plain path with itself
-    tokens = {name: run[2]["forward_tokens"] for name, run in runs.items()}
-    assert tokens["2 ranks mb4"] < tokens["1 rank mb4, rows whole"], tokens
-    assert tokens["1 rank mb4"] < tokens["1 rank mb4, rows whole"], tokens
-    for name in ("1 rank mb4", "2 ranks mb4"):
-        assert (
-            runs[name][2]["shortcut/shared_prefix/on"] == 1.0
-            and runs[name][2]["shortcut/shared_prefix/grad_gap"] < 1e-5
-        )
-    assert "shortcut/shared_prefix/on" not in runs["1 rank mb4, rows whole"][2]
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
@@ -242,22 +211,58 @@ def test_dynamic_batching_and_mixed_precision(ray_session, rl_registry, tiny_mod
     assert 1e-4 < gap < 0.1, gap
 
 
+class Recorded:
+    """A backend whose training steps' metrics are kept, under the overrides it was built with."""
+
+    def __init__(self, backend, overrides: tuple[str, ...], seen: dict) -> None:
+        self.backend, self.overrides, self.seen = backend, overrides, seen
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def train(self, batch, loss_fn):
+        metrics = self.backend.train(batch, loss_fn)
+        self.seen[self.overrides] = metrics
+        return metrics
+
+
 def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
+    """The certify card, its gradient checks (one plain SGD step, whose update is the gradient: a gradient summed
+    over ranks instead of averaged, or normalised per micro-batch, is off by a factor) over two ranks, one row per
+    micro-batch, packed rows and rows whole (no shared prefix). The shared prefix was on in the plain step, on one
+    rank and on two, after its start-up check passed it: the comparisons are not of the plain path with itself."""
     runs = iter(range(100))
+    seen: dict[tuple[str, ...], dict] = {}
+    variants = {
+        "one row per micro-batch": ["policy.train_micro_batch_size=1"],
+        "two data-parallel ranks": ["policy.num_workers=2"],
+        "sequence packing": ["policy.dtensor_cfg.sequence_packing=true"],
+        "rows whole": ["policy.dtensor_cfg.shared_prefix=false"],
+        "four data-parallel ranks": ["policy.num_workers=4"],
+    }
+
+    def make(overrides):
+        backend = make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides)
+        return Recorded(backend, tuple(overrides), seen)
+
     card = certify_backend(
-        lambda overrides: make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides),
+        make,
         tiny_model_path,
         tokenizer,
         tmp_path / "work",
-        variants={
-            "one row per micro-batch": ["policy.train_micro_batch_size=1"],
-            "two data-parallel ranks": ["policy.num_workers=2"],
-            "sequence packing": ["policy.dtensor_cfg.sequence_packing=true"],
-            "four data-parallel ranks": ["policy.num_workers=4"],
-        },
+        variants=variants,
         max_ranks=2,  # as a backend declaring it would: the four-rank split is skipped, and the card says why
     )
     assert card.passed, [r for r in card.results if not r.passed]
+    # rows 0 and 3 of each rank's micro-batch of 4 share their prompt, which runs once (dtensor_cfg.shared_prefix);
+    # rows whole run it for each row: fewer tokens through the model, summed over the ranks
+    step = {name: seen[(*SGD_OVERRIDES, *variants[name])] for name in ("two data-parallel ranks", "rows whole")}
+    step["plain"] = seen[SGD_OVERRIDES]
+    tokens = {name: metrics["forward_tokens"] for name, metrics in step.items()}
+    assert tokens["plain"] < tokens["rows whole"] and tokens["two data-parallel ranks"] < tokens["rows whole"], tokens
+    for name in ("plain", "two data-parallel ranks"):
+        assert step[name]["shortcut/shared_prefix/on"] == 1.0 and step[name]["shortcut/shared_prefix/grad_gap"] < 1e-5
+    assert "shortcut/shared_prefix/on" not in step["rows whole"]
     skipped = [r for r in card.results if r.skipped]
     assert [r.check for r in skipped] == ["loss and gradients are the same with four data-parallel ranks"]
     assert "needs 4 ranks; the backend declares max_ranks=2" in skipped[0].detail
