@@ -456,8 +456,9 @@ def test_new_requests_do_not_wait_behind_a_scorers_slow_inputs(start_server):
     """The bound the README states (one worker, the burst in one call): requests sent after a burst of slow
     inputs wait for at most one deadline (plus a process start), not for the slow inputs one after another; each
     slow input still gets its 422, scored alone in the lane aside. Before, 8 freezing inputs held a request sent
-    1 s after them for 17.7 s (each re-run alone in front of it)."""
-    deadline_s = 2.0
+    1 s after them for 17.7 s at a 2 s deadline (each re-run alone in front of it); re-run in the scorer's own
+    lane at this 1 s deadline, 10.7 s; measured here, 0.5 s."""
+    deadline_s = 1.0
     server = start_server("--scorer", SLOW, "--request-timeout-s", str(deadline_s), "--max-wait-ms", "200")
     slow_replies: list = []
     senders = [
@@ -474,7 +475,7 @@ def test_new_requests_do_not_wait_behind_a_scorers_slow_inputs(start_server):
     for t in senders:
         t.join(timeout=120)
     assert [r.status_code for r in slow_replies] == [422] * 8, [r.text for r in slow_replies]
-    assert max(waits) < deadline_s + 6, f"requests after the slow inputs waited {max(waits):.1f} s"
+    assert max(waits) < deadline_s + 4, f"requests after the slow inputs waited {max(waits):.1f} s"
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'reward_requests_set_aside_total{scorer="regex"} 8.0' in metrics, metrics
 
