@@ -55,5 +55,7 @@ def test_a_trained_reward_model_is_served_as_trained_and_grpo_against_it_learns_
     learned = val_rows(grpo, "val/reward")
     assert learned[-1] > learned[0] + 2, learned  # the reward model's own score
     settings = EvalSettings(out=tmp_path / "rule")
-    report = run_eval(grpo, ["reward.sources=[{name: exact_match}]"], settings, rl_registry, RunConsole(progress=False))
+    # greedy, on the Hugging Face engine (no second vLLM start; the verdict is the model's, not the engine's)
+    judged = ["reward.sources=[{name: exact_match}]", "policy.generation.backend=hf"]
+    report = run_eval(grpo, judged, settings, rl_registry, RunConsole(progress=False))
     assert report["reward"] >= 0.95, report  # the warm-up model this starts from: 0.542 (test_main_job.py)
