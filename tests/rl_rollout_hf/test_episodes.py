@@ -122,7 +122,7 @@ def test_episodes_are_token_exact_and_environment_tokens_get_no_loss(config, eng
     assert any(t["role"] == "environment" and t["text"] == " Try again:" for t in turns)
 
 
-SLOW_S = 1.5
+SLOW_S = 0.75
 
 
 class SlowForOne(ScriptedCalculator):
