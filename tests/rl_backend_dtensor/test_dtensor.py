@@ -1,5 +1,6 @@
 """The FSDP2 backend for real: Ray actors, gloo, a tiny Qwen2 model."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import backend_mutants
@@ -10,7 +11,7 @@ from backend_mutants import MUTANTS
 from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
-from rl_core.certify.card import SGD_OVERRIDES
+from rl_core.certify.card import DECAYING_SCHEDULE, SGD_OVERRIDES
 from rl_core.certify.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
@@ -274,9 +275,46 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
     assert all(m.startswith("on: logprob ") for m in shortcuts.values()), shortcuts
 
 
+class Restarted:
+    """One backend built as certify's single-backend checks build theirs (a decaying schedule), handed to each test
+    in its starting state: its first checkpoint loaded back, and shown to be the starting state by one training
+    step equal, to the bit, to the step it took when new (weights, AdamW's moments and the schedule all came back).
+    ``shutdown`` is the module's, at its end."""
+
+    def __init__(self, backend, folder: Path, batch) -> None:
+        self.backend, self.folder, self.batch = backend, folder, batch
+        backend.save_checkpoint(folder / "start")
+        self.first_step = self._step()
+
+    def _step(self) -> dict[str, torch.Tensor]:
+        self.backend.load_checkpoint(self.folder / "start")
+        return train_steps(self.backend, self.batch, steps=1)
+
+    def fresh(self) -> "Restarted":
+        assert_same(self._step(), self.first_step, atol=0.0)
+        self.backend.load_checkpoint(self.folder / "start")
+        return self
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def restarted(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path_factory) -> Iterator[Restarted]:
+    folder = tmp_path_factory.mktemp("restarted")
+    backend = make_backend(rl_registry, tiny_model_path, folder / "run", *DECAYING_SCHEDULE)
+    try:
+        yield Restarted(backend, folder, pg_batch(tokenizer))
+    finally:
+        backend.shutdown()
+
+
 @pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
 def test_certify_fails_every_planted_backend_bug(
-    ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path, mutant
+    ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path, mutant, restarted
 ):
     import ray
 
@@ -285,10 +323,13 @@ def test_certify_fails_every_planted_backend_bug(
 
     def make(overrides):
         overrides = getattr(mutant, "overrides", list)(overrides)
+        if tuple(overrides) == DECAYING_SCHEDULE:  # the single-backend checks: the shared one, as new
+            return mutant(restarted.fresh(), tiny_model_path)
         return mutant(
             make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides), tiny_model_path
         )
 
-    # only the check that must fail: its backends alone start (one for a single-backend check, two for a gradient one)
+    # only the check that must fail: its backends alone start (none for a single-backend check, two for a gradient
+    # one)
     card = certify_backend(make, tiny_model_path, tokenizer, tmp_path / "work", quick=True, only=[MUTANTS[mutant]])
     assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()
