@@ -112,10 +112,12 @@ def test_certify_prints_a_report_card_and_exits_by_its_verdict():
 
 def test_certify_option_for_an_engine_is_a_setting_of_its_own_section():
     """An engine's ``--option`` goes into its section, validated there: an unknown key is refused before anything
-    starts, naming the section's keys."""
-    out = rl_core("certify", "hf", "--option", "max_batch=4")
-    message = " ".join(out.stderr.split())
+    starts, naming the section's keys (and before torch or transformers is imported: a typo's answer is at once)."""
+    out = rl_core("certify", "hf", "--option", "max_batch=4", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    message = " ".join(line for line in out.stderr.split("\n") if not line.startswith("import time:"))
     assert out.returncode == 2 and "unknown config key 'policy.generation.hf_cfg.max_batch'" in message, out.stderr
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "transformers"}, "imported before the options were checked"
     bare = rl_core("certify", "hf", "--option", "max_batch")
     assert bare.returncode == 2 and "--option 'max_batch': give key=value" in bare.stderr
 

@@ -163,14 +163,15 @@ class _TinyRun:
 def _certify_ray_component(
     spec: Any, registry: Registry, options: Sequence[str], *, quick: bool, work: Path, card: Card
 ) -> Card:
+    model = ensure_tiny_model("qwen2-tiny")
+    tiny = _TinyRun(spec=spec, registry=registry, model=model, work=work, options=options)
+    probe = tiny.config([], "probe")  # a wrong --option or override: its error now, before the heavy imports
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the reference forwards' "Loading weights" bars, above the report card
-    model = ensure_tiny_model("qwen2-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    tiny = _TinyRun(spec=spec, registry=registry, model=model, work=work, options=options)
-    init_ray(tiny.config([], "probe").cluster, verbose=False)
+    init_ray(probe.cluster, verbose=False)
     if isinstance(spec, RolloutEngineSpec):
         cfg = tiny.config([], "engine")
         engine = started("rollout engine", spec, lambda: spec.factory(cfg, tiny.section(cfg)))
@@ -183,7 +184,7 @@ def _certify_ray_component(
             engine.shutdown()
     make = _backend_maker(tiny, spec)
     variants = None
-    section = tiny.section(tiny.config([], "probe"))
+    section = tiny.section(probe)
     if not quick and section is not None and hasattr(section, "sequence_packing"):
         variants = {
             "one row per micro-batch": ["policy.train_micro_batch_size=1"],
