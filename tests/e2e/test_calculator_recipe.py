@@ -26,15 +26,15 @@ def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model, padding_side="left")
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    batch = tok([p + "<calc>" for p in prompts], add_special_tokens=False, padding=True, return_tensors="pt")
+    with torch.no_grad():  # all prompts in one batch, left-padded (the same answers as one at a time)
+        out = lm.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     right = 0
-    for prompt in prompts:
+    for prompt, row in zip(prompts, out[:, batch["input_ids"].shape[1] :], strict=True):
         expression = re.fullmatch(r"Add (\d+\+\d+)\.", prompt).group(1)
-        ids = tok(prompt + "<calc>", add_special_tokens=False, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            out = lm.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-        right += tok.decode(out[0, ids.shape[1] :]).startswith(f"{expression}</calc>")
+        right += tok.decode(row).startswith(f"{expression}</calc>")
     return right / len(prompts)
 
 
