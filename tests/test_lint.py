@@ -1,5 +1,5 @@
 """The tree is lint clean: ruff, the import contracts (.importlinter) and the type check (mypy.ini); `hatch run
-lint:check` runs the same commands. They read files only, so they start when collection ends, side by side with
+lint:check` runs the same commands. They read files only, so they start with the session, beside collection and
 the session's other set-up (``start_lint``, from conftest, which waits for their verdicts before the first test:
 ``lint_result``); each test here reads its command's verdict."""
 
@@ -40,12 +40,17 @@ def lint_result(name: str) -> tuple[int, str, str]:
     return RESULTS[name]
 
 
-def stop_lint() -> None:
-    """Kill any command still running (the session cut short)."""
-    for proc in RUNNING.values():
+def stop_lint(keep: list[str] | None = None) -> None:
+    """Kill any command still running but those ``keep`` names (the session cut short, or their tests not selected),
+    and forget the killed ones."""
+    for name, proc in list(RUNNING.items()):
+        if keep is not None and name in keep:
+            continue
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        if name not in RESULTS:
+            del RUNNING[name]
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
