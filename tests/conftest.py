@@ -135,7 +135,7 @@ def _start_prefetch() -> None:
 def _may_run(config: pytest.Config, target: str) -> bool:
     """Whether the session's paths (its arguments, else ``testpaths``) hold the test file ``target``."""
     wanted = (ROOT / target).resolve()
-    for arg in config.args or ["tests"]:
+    for arg in config.args:
         path = (Path(config.invocation_params.dir) / arg.split("::")[0]).resolve()
         if path == wanted or path in wanted.parents:
             return True
@@ -174,9 +174,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs() -> None:
     """The background jobs have ended before the first test: ~30 s from the session's start, the type check the
-    longest, on the two cores with collection. Not beside the tests: a process on the other core makes a trainer's two torch
-    threads wait for each other at every operation (the async test's 30-step warm-up trained for 64 s beside the
-    type check and the model's conversion, both at idle priority, against 4 s alone)."""
+    longest, on the two cores with collection. Not beside the tests: a process on the other core makes a trainer's
+    two torch threads wait for each other at every operation (the async test's 30-step warm-up trained for 64 s
+    beside the type check and the model's conversion, both at idle priority, against 4 s alone)."""
     from test_lint import RUNNING, lint_result
 
     for name in list(RUNNING):

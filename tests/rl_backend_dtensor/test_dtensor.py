@@ -212,17 +212,15 @@ def test_dynamic_batching_and_mixed_precision(ray_session, rl_registry, tiny_mod
     assert 1e-4 < gap < 0.1, gap
 
 
-class Recorded:
+class Recorded(backend_mutants.Passthrough):
     """A backend whose training steps' metrics are kept, under the overrides it was built with."""
 
-    def __init__(self, backend, overrides: tuple[str, ...], seen: dict) -> None:
-        self.backend, self.overrides, self.seen = backend, overrides, seen
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
+    def __init__(self, inner, model_path: Path, overrides: tuple[str, ...], seen: dict) -> None:
+        super().__init__(inner, model_path)
+        self.overrides, self.seen = overrides, seen
 
     def train(self, batch, loss_fn):
-        metrics = self.backend.train(batch, loss_fn)
+        metrics = self.inner.train(batch, loss_fn)
         self.seen[self.overrides] = metrics
         return metrics
 
@@ -244,7 +242,7 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
 
     def make(overrides):
         backend = make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides)
-        return Recorded(backend, tuple(overrides), seen)
+        return Recorded(backend, tiny_model_path, tuple(overrides), seen)
 
     card = certify_backend(
         make,
@@ -275,28 +273,26 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
     assert all(m.startswith("on: logprob ") for m in shortcuts.values()), shortcuts
 
 
-class Restarted:
+class Restarted(backend_mutants.Passthrough):
     """One backend built as certify's single-backend checks build theirs (a decaying schedule), handed to each test
     in its starting state: its first checkpoint loaded back, and shown to be the starting state by one training
     step equal, to the bit, to the step it took when new (weights, AdamW's moments and the schedule all came back).
     ``shutdown`` is the module's, at its end."""
 
-    def __init__(self, backend, folder: Path, batch) -> None:
-        self.backend, self.folder, self.batch = backend, folder, batch
-        backend.save_checkpoint(folder / "start")
+    def __init__(self, inner, model_path: Path, folder: Path, batch) -> None:
+        super().__init__(inner, model_path)
+        self.folder, self.batch = folder, batch
+        inner.save_checkpoint(folder / "start")
         self.first_step = self._step()
 
     def _step(self) -> dict[str, torch.Tensor]:
-        self.backend.load_checkpoint(self.folder / "start")
-        return train_steps(self.backend, self.batch, steps=1)
+        self.inner.load_checkpoint(self.folder / "start")
+        return train_steps(self.inner, self.batch, steps=1)
 
     def fresh(self) -> "Restarted":
         assert_same(self._step(), self.first_step, atol=0.0)
-        self.backend.load_checkpoint(self.folder / "start")
+        self.inner.load_checkpoint(self.folder / "start")
         return self
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
 
     def shutdown(self) -> None:
         pass
@@ -307,7 +303,7 @@ def restarted(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path_fac
     folder = tmp_path_factory.mktemp("restarted")
     backend = make_backend(rl_registry, tiny_model_path, folder / "run", *DECAYING_SCHEDULE)
     try:
-        yield Restarted(backend, folder, pg_batch(tokenizer))
+        yield Restarted(backend, tiny_model_path, folder, pg_batch(tokenizer))
     finally:
         backend.shutdown()
 
@@ -329,7 +325,7 @@ def test_certify_fails_every_planted_backend_bug(
             make_backend(rl_registry, tiny_model_path, tmp_path / f"run{next(runs)}", *overrides), tiny_model_path
         )
 
-    # only the check that must fail: its backends alone start (none for a single-backend check, two for a gradient
-    # one)
+    # only the check that must fail: its backends alone start (none for a single-backend check, two for a
+    # gradient one)
     card = certify_backend(make, tiny_model_path, tokenizer, tmp_path / "work", quick=True, only=[MUTANTS[mutant]])
     assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()

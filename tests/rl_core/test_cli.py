@@ -111,7 +111,7 @@ def test_certify_option_for_an_engine_is_a_setting_of_its_own_section():
     """An engine's ``--option`` goes into its section, validated there: an unknown key is refused before anything
     starts, naming the section's keys (and before torch or transformers is imported: a typo's answer is at once)."""
     out = rl_core("certify", "hf", "--option", "max_batch=4", env={"PYTHONPROFILEIMPORTTIME": "1"})
-    message = " ".join(line for line in out.stderr.split("\n") if not line.startswith("import time:"))
+    message = " ".join(line for line in out.stderr.splitlines() if not line.startswith("import time:"))
     assert out.returncode == 2 and "unknown config key 'policy.generation.hf_cfg.max_batch'" in message, out.stderr
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert not imported & {"torch", "transformers"}, "imported before the options were checked"
