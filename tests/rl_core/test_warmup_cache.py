@@ -50,9 +50,11 @@ def test_a_warmup_built_before_is_reused_as_a_rebuild_would_make_it(
 
     said = prepare("uncached", "warmup_cache=false")
     assert "warm-up done" in said and not (tmp_path / "cache" / "warmups").exists()
-    said = prepare("first")
+    # the warm-up runs where the run runs: its recipe's cluster section is the run's (a Ray cluster's address)
+    said = prepare("first", "cluster.cpus_per_node=6")
     assert "warm-up done" in said and len(list((tmp_path / "cache" / "warmups").iterdir())) == 1
-    said = prepare("second")
+    assert "cpus_per_node: 6" in (tmp_path / "first" / "warmup" / "config.yaml").read_text()
+    said = prepare("second", "cluster.cpus_per_node=6")
     assert "built before on this machine" in said and "warm-up done" not in said, said
     rebuilt = files(tmp_path / "uncached" / "warmup" / "final")
     assert files(tmp_path / "first" / "warmup" / "final") == rebuilt  # the warm-up is deterministic

@@ -161,6 +161,7 @@ def _run_warmup(config: Config, registry: Registry, run_dir: Path, console: RunC
         )
         warm = attrs.evolve(
             warm,
+            cluster=config.cluster,  # where the run runs (the recipe's own section would start a local Ray)
             checkpointing=attrs.evolve(warm.checkpointing, export_final_hf=True),
             logger=attrs.evolve(warm.logger, progress=config.logger.progress),
         )
