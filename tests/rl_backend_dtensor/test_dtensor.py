@@ -251,6 +251,7 @@ def test_certify_passes_the_dtensor_backend(ray_session, rl_registry, tiny_model
         tmp_path / "work",
         variants=variants,
         max_ranks=2,  # as a backend declaring it would: the four-rank split is skipped, and the card says why
+        starts_at_once=2,  # two backends start at a time, ahead of their checks (each start is mostly one core)
     )
     assert card.passed, [r for r in card.results if not r.passed]
     # rows 0 and 3 of each rank's micro-batch of 4 share their prompt, which runs once (dtensor_cfg.shared_prefix);

@@ -69,6 +69,7 @@ def test_certify_passes_the_dtensor_backend_with_lora_on_two_ranks(
         tokenizer,
         tmp_path / "work",
         variants={"two data-parallel ranks": ["policy.num_workers=2"]},
+        starts_at_once=2,
     )
     assert card.passed, [r for r in card.results if not r.passed]
 

@@ -168,6 +168,7 @@ def test_certify_passes_the_megatron_backend(ray_session, rl_registry, tiny_mode
             "the DTensor backend": ["policy.backend=dtensor", "policy.num_workers=1"],
         },
         sgd=rl_registry.get("training_backend", "megatron").sgd_overrides,
+        starts_at_once=2,
     )
     assert card.passed, [r for r in card.results if not r.passed]
     compared = [r.check for r in card.results if r.check.startswith("loss and gradients are the same")]

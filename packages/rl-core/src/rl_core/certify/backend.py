@@ -15,6 +15,7 @@ import attrs
 from rl_core.base.schema import LossConfig
 from rl_core.certify.card import DECAYING_SCHEDULE, INVARIANCE_BOUND, SGD_OVERRIDES, Card, Outcome, fmt, gap
 from rl_core.certify.conformance import hf_logprobs, sample_batch
+from rl_core.certify.starts import AheadStarts
 from rl_core.contracts import batch as B
 from rl_core.contracts.protocols import TrainingBackend
 from rl_core.contracts.refit import RefitRoute, receive_weights
@@ -89,6 +90,7 @@ def certify_backend(
     quick: bool = False,
     only: Collection[str] | None = None,
     card: Card | None = None,
+    starts_at_once: int = 1,
 ) -> Card:
     """Certify a training backend. ``make(overrides)`` builds one over ``model_path`` (fp32) with config
     overrides; ``variants`` maps a name to the overrides that split the same global batch another way (default:
@@ -97,7 +99,9 @@ def certify_backend(
     (``TrainingBackendSpec.sgd_overrides``). A variant needing more ranks than ``max_ranks``
     (``TrainingBackendSpec.max_ranks``) is skipped, and the card says why. ``only``: the checks to run, by name;
     the others' backends never start. The checks on one backend (``SINGLE_BACKEND_CHECKS``) each build on the
-    state the one before leaves: asking for any of them runs them all."""
+    state the one before leaves: asking for any of them runs them all. ``starts_at_once`` > 1: the backends start
+    that many at a time ahead of their checks (``AheadStarts``: on CPU, where each start is mostly one core importing
+    torch; ``make`` must then build independent backends)."""
 
     card = card or Card("training backend", "?")
     if variants is None:
@@ -114,21 +118,30 @@ def certify_backend(
     def wanted(check: str) -> bool:
         return only is None or check in only
 
+    def ranks(overrides: Sequence[str]) -> int:
+        return max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
+
+    compared = {c: o for c, o in gradient_checks.items() if wanted(c) and (max_ranks is None or ranks(o) <= max_ranks)}
+    single = any(map(wanted, checks))
+    planned = [list(DECAYING_SCHEDULE)] if single else []
+    if compared or wanted(CLIPPING):
+        planned += [[*sgd], *([*sgd, *o] for o in compared.values())]  # the clipping step's norm is the plain one's
+    starts = AheadStarts(make, planned, starts_at_once)
     batch, loss_fn, nll = _pg_batch(tokenizer), ClippedPGLoss(cfg=LossConfig()), sample_batch(tokenizer)
-    if any(map(wanted, checks)):
-        _single_backend_checks(make, model_path, work, batch, loss_fn, nll, card)
-    grads = Gradients(make=make, sgd=sgd, batch=batch, loss_fn=loss_fn)
-    bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
-    for check, overrides in gradient_checks.items():
-        if not wanted(check):
-            continue
-        ranks = max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
-        if max_ranks is not None and ranks > max_ranks:
-            card.skip(check, f"needs {ranks} ranks; the backend declares max_ranks={max_ranks}")
-            continue
-        card.run(check, bound, partial(check_invariance, grads, overrides))
-    if wanted(CLIPPING):
-        card.run(CLIPPING, "<= 1e-05 (relative)", partial(check_clipping, grads))
+    grads = Gradients(make=starts, sgd=sgd, batch=batch, loss_fn=loss_fn)
+    try:
+        if single:
+            _single_backend_checks(starts, model_path, work, batch, loss_fn, nll, card)
+        bound = f"<= {INVARIANCE_BOUND:.0e} (relative)"
+        for check, overrides in gradient_checks.items():
+            if check in compared:
+                card.run(check, bound, partial(check_invariance, grads, overrides))
+            elif wanted(check):
+                card.skip(check, f"needs {ranks(overrides)} ranks; the backend declares max_ranks={max_ranks}")
+        if wanted(CLIPPING):
+            card.run(CLIPPING, "<= 1e-05 (relative)", partial(check_clipping, grads))
+    finally:
+        starts.close()
     report_shortcuts(grads.shortcuts, card)
     return card
 

@@ -20,6 +20,7 @@ from rl_core.config.loader import load_config, structure_section
 from rl_core.data.prompts import TASKS, load_jsonl
 from rl_core.data.tiny_models import ensure_tiny_model
 from rl_core.distributed.cluster import init_ray
+from rl_core.distributed.placement import detected_device
 from rl_core.launch.components import started
 from rl_core.plugins.specs import (
     AlgorithmSpec,
@@ -202,6 +203,7 @@ def _certify_ray_component(
         max_ranks=spec.max_ranks,
         quick=quick,
         card=card,
+        starts_at_once=2 if detected_device(probe) == "cpu" else 1,  # GPUs: one backend holds them at a time
     )
 
 
