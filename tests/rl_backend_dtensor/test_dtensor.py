@@ -1,6 +1,7 @@
 """The FSDP2 backend for real: Ray actors, gloo, a tiny Qwen2 model."""
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import backend_mutants
@@ -12,6 +13,7 @@ from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import DECAYING_SCHEDULE, SGD_OVERRIDES
+from rl_core.certify.starts import AheadStarts
 from rl_core.certify.conformance import check_training_backend, hf_logprobs, sample_batch
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
@@ -114,29 +116,22 @@ def test_logprobs_match_hugging_face(ray_session, rl_registry, tiny_model_path, 
 
 def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
     batch = pg_batch(tokenizer)
-    two = make_backend(
-        rl_registry,
-        tiny_model_path,
-        tmp_path / "two",
-        "policy.num_workers=2",
-        "policy.scheduler.name=cosine",
-        "policy.scheduler.total_steps=10",
-        "policy.scheduler.warmup_steps=1",
+    schedule = ["policy.scheduler.name=cosine", "policy.scheduler.total_steps=10", "policy.scheduler.warmup_steps=1"]
+    # the one-rank backend starts while the two-rank one trains (a start is mostly one core importing torch)
+    ranks = {"two": ["policy.num_workers=2", *schedule], "one": ["policy.num_workers=1", *schedule]}
+    folder = {tuple(o): tmp_path / name for name, o in ranks.items()}
+    starts = AheadStarts(
+        lambda o: make_backend(rl_registry, tiny_model_path, folder[tuple(o)], *o), list(ranks.values()), at_once=2
     )
+    two = starts(ranks["two"])
     try:
         train_steps(two, batch, steps=2)
         two.save_checkpoint(tmp_path / "ckpt")
         uninterrupted = train_steps(two, batch, steps=1)
     finally:
         two.shutdown()
-    one = make_backend(
-        rl_registry,
-        tiny_model_path,
-        tmp_path / "one",
-        "policy.scheduler.name=cosine",
-        "policy.scheduler.total_steps=10",
-        "policy.scheduler.warmup_steps=1",
-    )
+    one = starts(ranks["one"])
+    starts.close()
     try:
         one.load_checkpoint(tmp_path / "ckpt")
         resumed = train_steps(one, batch, steps=1)
@@ -192,13 +187,17 @@ def test_bad_inputs_are_clear_errors(ray_session, rl_registry, tiny_model_path, 
 
 def test_dynamic_batching_and_mixed_precision(ray_session, rl_registry, tiny_model_path, tokenizer, tmp_path):
     batch = pg_batch(tokenizer)
-    runs = {}
-    for name, extra in {
+    settings = {
         "fixed": [],
         "dynamic": ["policy.dtensor_cfg.dynamic_batching=true", "policy.dtensor_cfg.max_tokens_per_microbatch=40"],
         "bf16": ["policy.dtensor_cfg.mixed_precision=true"],
-    }.items():
-        runs[name] = sgd_update(rl_registry, tiny_model_path, tmp_path / name, batch, *extra)
+    }
+    with ThreadPoolExecutor(2) as pool:  # two at a time: a backend's start is mostly one core importing torch
+        futures = {
+            name: pool.submit(sgd_update, rl_registry, tiny_model_path, tmp_path / name, batch, *extra)
+            for name, extra in settings.items()
+        }
+    runs = {name: future.result() for name, future in futures.items()}
     # token-budget micro-batches take the rows longest first and split them differently: the same update up to
     # float rounding (8e-7 measured), and the logprob pass gives its rows back in the batch's order
     assert relative_gap(runs["dynamic"][0], runs["fixed"][0]) <= 1e-5

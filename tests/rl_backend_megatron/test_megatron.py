@@ -11,6 +11,7 @@ from backend_mutants import MUTANTS, PerMicroBatchMean, StaleRefit
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.conformance import hf_logprobs, sample_batch
+from rl_core.certify.starts import AheadStarts
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
 from rl_core.contracts.refit import RefitRoute, receive_weights
@@ -124,9 +125,11 @@ def test_a_checkpoint_saved_at_one_layout_resumes_at_another(ray_session, rl_reg
     carry Hugging Face names, the tied head included."""
     batch = pg_batch(tokenizer_of(tiny_model_path))
     chain = ["tp2", "pp2", "tp1"]
+    # each backend starts while the one before trains (a start is mostly one core importing torch)
+    starts = AheadStarts(lambda o: make(rl_registry, tiny_model_path, tmp_path / o[0], *o[1:]), chain_of(chain), 2)
     expected = None
     for i, layout in enumerate(chain):
-        backend = make(rl_registry, tiny_model_path, tmp_path / f"b{i}", *LAYOUTS[layout])
+        backend = starts(chain_of(chain)[i])
         try:
             if i == 0:
                 routed = receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))
@@ -142,6 +145,12 @@ def test_a_checkpoint_saved_at_one_layout_resumes_at_another(ray_session, rl_reg
                 expected = losses(backend, batch, steps=1)
         finally:
             backend.shutdown()
+    starts.close()
+
+
+def chain_of(layouts: list[str]) -> list[list[str]]:
+    """Each layout's overrides after the name of its backend's run folder."""
+    return [[f"b{i}", *LAYOUTS[layout]] for i, layout in enumerate(layouts)]
 
 
 def test_certify_passes_the_megatron_backend(ray_session, rl_registry, tiny_model_path, tmp_path):
@@ -190,6 +199,12 @@ def test_certify_fails_planted_bugs_around_megatron(ray_session, rl_registry, ti
     work = tmp_path / "work"
     # only the check that must fail: its backends alone start (one for a single-backend check, two for a gradient one)
     card = certify_backend(
-        build, tiny_model_path, tokenizer_of(tiny_model_path), work, quick=True, only=[MUTANTS[mutant]]
+        build,
+        tiny_model_path,
+        tokenizer_of(tiny_model_path),
+        work,
+        quick=True,
+        only=[MUTANTS[mutant]],
+        starts_at_once=2,
     )
     assert not card.passed and MUTANTS[mutant] in card.failed(), card.failed()

@@ -2,6 +2,7 @@
 in-process ``LLM`` and its async engine ``AsyncLLM``), refit over the object store and over a broadcast group."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,12 @@ def async_engine(request):
 
 
 @pytest.fixture(scope="module")
-def engine(ray_session, config, async_engine):
+def started(ray_session, config, async_engine):
+    """The engine and a backend, started at once (as a run starts them). One backend per engine: a backend's
+    broadcast group serves the engine processes that first joined it."""
     import attrs
 
+    from rl_backend_dtensor.backend import make_backend
     from rl_rollout_vllm.engine import make_engine
 
     # the async engine eager: it has no compile stand-in, so a compiled one compiles the model again (~20 s on a
@@ -41,19 +45,27 @@ def engine(ray_session, config, async_engine):
     cfg = attrs.evolve(
         config.section("policy.generation.vllm_cfg"), async_engine=async_engine, enforce_eager=async_engine
     )
-    eng = make_engine(config, cfg)
-    yield eng
-    eng.shutdown()
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(make_engine, config, cfg),
+            pool.submit(make_backend, config, config.section("policy.dtensor_cfg")),
+        ]
+    made = [f.result() for f in futures if f.exception() is None]
+    try:
+        yield tuple(f.result() for f in futures)  # the first start that failed, raised
+    finally:
+        for component in made:
+            component.shutdown()
 
 
 @pytest.fixture(scope="module")
-def backend(ray_session, config, engine):
-    """One per engine: a backend's broadcast group serves the engine processes that first joined it."""
-    from rl_backend_dtensor.backend import make_backend
+def engine(started):
+    return started[0]
 
-    be = make_backend(config, config.section("policy.dtensor_cfg"))
-    yield be
-    be.shutdown()
+
+@pytest.fixture(scope="module")
+def backend(started):
+    return started[1]
 
 
 def rollouts_and_batch(engine, tokenizer, seed):
