@@ -13,8 +13,8 @@ from rl_core.base.errors import InputError
 from rl_core.base.schema import LossConfig
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import DECAYING_SCHEDULE, SGD_OVERRIDES
-from rl_core.certify.starts import AheadStarts
 from rl_core.certify.conformance import check_training_backend, hf_logprobs, sample_batch
+from rl_core.certify.starts import AheadStarts
 from rl_core.config.loader import load_config
 from rl_core.contracts import batch as B
 from rl_core.contracts.refit import RefitRoute, receive_weights
