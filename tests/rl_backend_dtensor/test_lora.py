@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from together import started_together
 
 from rl_core.base.errors import ConfigError
 from rl_core.certify import certify_algorithm, certify_backend, certify_engine
@@ -92,9 +93,11 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
         "policy.generation.backend=hf",
         f"policy.tokenizer_name={tmp_path / 'tokenizer'}",
     )
-    backend = make(cfg, cfg.section("policy.dtensor_cfg"))
-    engine = make_engine(cfg, cfg.section("policy.generation.hf_cfg"))
-    try:
+    starts = (
+        lambda: make(cfg, cfg.section("policy.dtensor_cfg")),
+        lambda: make_engine(cfg, cfg.section("policy.generation.hf_cfg")),
+    )
+    with started_together(*starts) as (backend, engine):
         nll = sample_batch(tokenizer)
         base = hf_at_loss(tiny_model_path, nll)  # a separate copy of the base model
         for _ in range(3):
@@ -154,9 +157,6 @@ def test_adapters_alone_train_refit_checkpoint_and_export(
         card = certify_engine(engine, tiny_model_path, tokenizer, quick=True, adapters=cfg.policy.lora)
         assert card.passed, [(r.check, r.measured) for r in card.results if not r.passed]
         assert "an adapter-only refit moves the adapters alone and takes effect" in [r.check for r in card.results]
-    finally:
-        engine.shutdown()
-        backend.shutdown()
 
 
 def test_sft_with_lora_certifies_as_an_algorithm(ray_session, rl_registry, tmp_path):

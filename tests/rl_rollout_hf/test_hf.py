@@ -6,6 +6,7 @@ import time
 
 import pytest
 from engine_mutants import MUTANTS, BroadcastNoop, NoopRefit, ScaledLogprobs
+from together import started_together
 
 from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
@@ -27,12 +28,24 @@ def config(engine_test_config):
 
 
 @pytest.fixture(scope="module")
-def backend(ray_session, config, engine):
+def started(ray_session, config):
+    """The engine and a backend, started at once (as a run starts them)."""
     from rl_backend_dtensor.backend import make_backend
+    from rl_rollout_hf.engine import make_engine
 
-    be = make_backend(config, config.section("policy.dtensor_cfg"))
-    yield be
-    be.shutdown()
+    engine, backend = config.section("policy.generation.hf_cfg"), config.section("policy.dtensor_cfg")
+    with started_together(lambda: make_engine(config, engine), lambda: make_backend(config, backend)) as both:
+        yield both
+
+
+@pytest.fixture(scope="module")
+def engine(started):
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def backend(started):
+    return started[1]
 
 
 def encode(tokenizer):

@@ -2,11 +2,11 @@
 in-process ``LLM`` and its async engine ``AsyncLLM``), refit over the object store and over a broadcast group."""
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from engine_mutants import MUTANTS, AlwaysStop, CopiedSamples, NoopRefit, SeedIgnored, TemperedLogprobs
+from together import started_together
 
 from rl_core.base.errors import InputError, RLCoreError
 from rl_core.base.paths import cache_root
@@ -45,17 +45,9 @@ def started(ray_session, config, async_engine):
     cfg = attrs.evolve(
         config.section("policy.generation.vllm_cfg"), async_engine=async_engine, enforce_eager=async_engine
     )
-    with ThreadPoolExecutor(2) as pool:
-        futures = [
-            pool.submit(make_engine, config, cfg),
-            pool.submit(make_backend, config, config.section("policy.dtensor_cfg")),
-        ]
-    made = [f.result() for f in futures if f.exception() is None]
-    try:
-        yield tuple(f.result() for f in futures)  # the first start that failed, raised
-    finally:
-        for component in made:
-            component.shutdown()
+    section = config.section("policy.dtensor_cfg")
+    with started_together(lambda: make_engine(config, cfg), lambda: make_backend(config, section)) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
