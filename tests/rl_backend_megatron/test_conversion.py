@@ -59,6 +59,28 @@ def test_a_half_written_conversion_is_never_used(monkeypatch, tmp_path, tiny_mod
     assert (convert_once(tiny_model_path) / "meta.json").is_file()
 
 
+def test_a_conversion_another_start_made_meanwhile_is_kept_not_replaced(monkeypatch, tmp_path, tiny_model_path):
+    """Backends starting at once convert at once: the one that finishes second keeps the first one's folder (its
+    backend may be reading it), where it used to delete it and put its own in its place."""
+    monkeypatch.setenv("RL_MEGATRON_CHECKPOINT_DIR", str(tmp_path / "mg"))
+    import rl_backend_megatron.convert as conv
+
+    real, theirs, calls = conv.hf_to_megatron, [], []
+
+    def meanwhile(state, cfg):
+        calls.append(1)
+        if len(calls) == 1:  # another start converts and starts reading while this one converts
+            theirs.append(convert_once(tiny_model_path))
+            (theirs[0] / "read-by-its-backend").touch()
+        return real(state, cfg)
+
+    monkeypatch.setattr(conv, "hf_to_megatron", meanwhile)
+    logs: list[str] = []
+    assert convert_once(tiny_model_path, log=logs.append) == theirs[0] and "reusing" in logs[-1]
+    assert (theirs[0] / "read-by-its-backend").is_file()
+    assert [p.name for p in (tmp_path / "mg").iterdir()] == [theirs[0].name], "no half-made copy left"
+
+
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     from transformers import AutoConfig
 

@@ -95,8 +95,10 @@ def test_logits_match_hugging_face_at_the_layouts_that_split_each_architecture(
     batch = pg_batch(tokenizer_of(path))
     expected = hf_logprobs(path, batch)
     trained, weights = {}, {}
+    layouts = {tuple(LAYOUTS[layout]): layout for layout in PARITY[name]}
+    starts = AheadStarts(lambda o: make(rl_registry, path, tmp_path / layouts[tuple(o)], *o), list(layouts), 2)
     for layout in PARITY[name]:
-        backend = make(rl_registry, path, tmp_path / layout, *LAYOUTS[layout])
+        backend = starts(LAYOUTS[layout])
         try:
             ours = backend.logprobs(batch)
             if name == "qwen2-tiny-tied" and layout in ("tp1", "pp2"):
@@ -106,6 +108,7 @@ def test_logits_match_hugging_face_at_the_layouts_that_split_each_architecture(
         finally:
             backend.shutdown()
         assert float((ours - expected).abs().max()) < 1e-5, layout
+    starts.close()
     if trained:
         assert trained["pp2"] == pytest.approx(trained["tp1"], abs=1e-5)
         assert "lm_head.weight" not in weights["pp2"] and weights["pp2"].keys() == weights["tp1"].keys()

@@ -201,9 +201,14 @@ def convert_once(hf_dir: Path, *, force: bool = False, log: Any = print) -> Path
         save_file(hf_to_megatron(state, cfg), str(tmp / CONVERTED))
         shutil.copy(hf_dir / "config.json", tmp / "hf_config.json")
         (tmp / "meta.json").write_text(json.dumps({"source": str(hf_dir), "key": source_key(hf_dir)}))
-        if final.exists():
+        if force and final.exists():
             shutil.rmtree(final)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:  # converted meanwhile by another start (backends starting at once): theirs, the same
+            shutil.rmtree(tmp, ignore_errors=True)
+            log(f"megatron: reusing the conversion of {hf_dir} at {final}")
+            return final
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
