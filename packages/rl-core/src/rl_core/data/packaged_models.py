@@ -8,6 +8,7 @@ and the folder checked by its greedy answer to a fixed chat prompt before it is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import shutil
 import subprocess
@@ -132,7 +133,7 @@ def _convert(gguf: Path, out: Path) -> None:
 
     _say(f"converting {gguf.name} to a Hugging Face folder (fp32)")
     # transformers' GGUF reader draws a tqdm bar of its own, which no switch turns off; errors still raise
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()), _read_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # the weights are dequantized already; without this the model refuses to save
@@ -140,6 +141,31 @@ def _convert(gguf: Path, out: Path) -> None:
     model.hf_quantizer, model.is_quantized = None, False
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _read_once() -> Iterator[None]:
+    """transformers parses the GGUF file for the tokenizer, again for the config and again for the weights (its
+    49k-token vocabulary field by field, ~4 s each here), and builds the tensor-name map anew for each of its ~300
+    tensors (~4 s in all): meanwhile one reader per file and one map per architecture serve them all. The
+    conversion is checked by its greedy answer either way."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[str, Any] = {}
+
+    def read(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            return reader(path, *args, **kwargs)
+        if str(path) not in readers:
+            readers[str(path)] = reader(path)
+        return readers[str(path)]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read, functools.lru_cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def greedy_answer(folder: Path, question: str, max_new_tokens: int = 16) -> str:
