@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,11 +162,8 @@ def _read_once() -> Iterator[None]:
             readers[str(path)] = reader(path)
         return readers[str(path)]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = read, functools.lru_cache(name_map)
-    try:
+    with unittest.mock.patch.multiple(gguf, GGUFReader=read, get_tensor_name_map=functools.lru_cache(name_map)):
         yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def greedy_answer(folder: Path, question: str, max_new_tokens: int = 16) -> str:
