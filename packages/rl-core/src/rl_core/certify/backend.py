@@ -110,18 +110,12 @@ def certify_backend(
             variants = {**variants, "two data-parallel ranks": ["policy.num_workers=2"]}
     checks = {name for name, _bound, _check in SINGLE_BACKEND_CHECKS}
     gradient_checks = {f"loss and gradients are the same with {name}": o for name, o in variants.items()}
-    known = checks | gradient_checks.keys() | {CLIPPING}
-    unknown = sorted(set(only or ()) - known)
-    if unknown:
-        raise ValueError(f"no backend check named {', '.join(map(repr, unknown))}; the checks: {sorted(known)}")
+    _refuse_unknown(only, checks | gradient_checks.keys() | {CLIPPING})
 
     def wanted(check: str) -> bool:
         return only is None or check in only
 
-    def ranks(overrides: Sequence[str]) -> int:
-        return max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
-
-    compared = {c: o for c, o in gradient_checks.items() if wanted(c) and (max_ranks is None or ranks(o) <= max_ranks)}
+    compared = {c: o for c, o in gradient_checks.items() if wanted(c) and (max_ranks is None or _ranks(o) <= max_ranks)}
     single = any(map(wanted, checks))
     planned = [list(DECAYING_SCHEDULE)] if single else []
     if compared or wanted(CLIPPING):
@@ -137,13 +131,24 @@ def certify_backend(
             if check in compared:
                 card.run(check, bound, partial(check_invariance, grads, overrides))
             elif wanted(check):
-                card.skip(check, f"needs {ranks(overrides)} ranks; the backend declares max_ranks={max_ranks}")
+                card.skip(check, f"needs {_ranks(overrides)} ranks; the backend declares max_ranks={max_ranks}")
         if wanted(CLIPPING):
             card.run(CLIPPING, "<= 1e-05 (relative)", partial(check_clipping, grads))
     finally:
         starts.close()
     report_shortcuts(grads.shortcuts, card)
     return card
+
+
+def _refuse_unknown(only: Collection[str] | None, known: Collection[str]) -> None:
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:
+        raise ValueError(f"no backend check named {', '.join(map(repr, unknown))}; the checks: {sorted(known)}")
+
+
+def _ranks(overrides: Sequence[str]) -> int:
+    """The data-parallel ranks a variant's overrides ask for."""
+    return max((int(o.partition("=")[2]) for o in overrides if o.startswith("policy.num_workers=")), default=1)
 
 
 def report_shortcuts(metrics: Mapping[str, float], card: Card) -> None:
