@@ -38,16 +38,6 @@ def started(ray_session, config):
         yield both
 
 
-@pytest.fixture(scope="module")
-def engine(started):
-    return started[0]
-
-
-@pytest.fixture(scope="module")
-def backend(started):
-    return started[1]
-
-
 def encode(tokenizer):
     return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
 
