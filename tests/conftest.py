@@ -155,7 +155,7 @@ def _may_run(config: pytest.Config, target: str) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The lint commands (tests/test_lint.py) and the packaged chat model's fetch and conversion (~22 s, its
+    """The lint commands (tests/test_lint.py) and the packaged chat model's fetch and conversion (~14 s, its
     download among them) start before collection where the session's paths hold their tests: collection (~8 s)
     keeps one core busy, and they take the other. Collection then stops what no selected test needs and starts
     what one does that was not started; they all end before the first test (``background_jobs``)."""
@@ -185,7 +185,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs() -> None:
-    """The background jobs have ended before the first test: ~30 s from the session's start, the type check the
+    """The background jobs have ended before the first test: ~22 s from the session's start, the type check the
     longest, on the two cores with collection. Not beside the tests: a process on the other core makes a trainer's
     two torch threads wait for each other at every operation (the async test's 30-step warm-up trained for 64 s
     beside the type check and the model's conversion, both at idle priority, against 4 s alone)."""
