@@ -65,18 +65,6 @@ def start_server() -> Iterator[Callable[..., Server]]:
         s.kill()
 
 
-@pytest.fixture(scope="module")
-def engine(started):
-    """The engine of the module's ``started`` pair: an engine and a backend started at once (tests/together.py)."""
-    return started[0]
-
-
-@pytest.fixture(scope="module")
-def backend(started):
-    """The backend of the module's ``started`` pair."""
-    return started[1]
-
-
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_path: Path):
     """The tiny model's tokenizer."""

@@ -22,15 +22,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROWS = [{"prompt": f"Add {a}+{b}.", "answer": str(a + b)} for a, b in ((47, 86), (12, 30), (99, 99))]
 
 
-@pytest.fixture(scope="module")
-def engine(ray_session, config):
-    from rl_rollout_hf.engine import make_engine
-
-    eng = make_engine(config, config.section("policy.generation.hf_cfg"))
-    yield eng
-    eng.shutdown()
-
-
 class Recording:
     """The real engine; every call's (prompt, output) pairs kept, to rebuild what the trainer must see, and when
     each streamed call started and ended."""

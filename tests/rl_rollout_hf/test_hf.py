@@ -6,7 +6,6 @@ import time
 
 import pytest
 from engine_mutants import MUTANTS, BroadcastNoop, NoopRefit, ScaledLogprobs
-from together import started_together
 
 from rl_core.certify.conformance import check_rollout_engine
 from rl_core.certify.engine import certify_engine
@@ -28,14 +27,14 @@ def config(engine_test_config):
 
 
 @pytest.fixture(scope="module")
-def started(ray_session, config):
-    """The engine and a backend, started at once (as a run starts them)."""
+def backend(ray_session, config, engine):
+    """Started when a test first needs it: alive beside the engine-only tests before, it made each of them slower
+    (~0.3 s a certify card, more than its start costs)."""
     from rl_backend_dtensor.backend import make_backend
-    from rl_rollout_hf.engine import make_engine
 
-    engine, backend = config.section("policy.generation.hf_cfg"), config.section("policy.dtensor_cfg")
-    with started_together(lambda: make_engine(config, engine), lambda: make_backend(config, backend)) as both:
-        yield both
+    be = make_backend(config, config.section("policy.dtensor_cfg"))
+    yield be
+    be.shutdown()
 
 
 def encode(tokenizer):

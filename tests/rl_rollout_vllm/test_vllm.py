@@ -50,6 +50,16 @@ def started(ray_session, config, async_engine):
         yield both
 
 
+@pytest.fixture(scope="module")
+def engine(started):
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def backend(started):
+    return started[1]
+
+
 def rollouts_and_batch(engine, tokenizer, seed):
     from rl_core.training.rollouts import rollout_batch
 
