@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import unittest.mock
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +149,8 @@ def _read_once() -> Iterator[None]:
     49k-token vocabulary field by field, ~4 s each here), and builds the tensor-name map anew for each of its ~300
     tensors (~4 s in all): meanwhile one reader per file and one map per architecture serve them all. The
     conversion is checked by its greedy answer either way."""
+    import unittest.mock  # here: it imports asyncio, which nothing else on this path needs
+
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
