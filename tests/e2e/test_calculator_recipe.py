@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_calculator.yaml"
 AGENT_RECIPE = RECIPE.with_name("grpo_calculator_agent.yaml")
 SHORT = ["logger.progress=false", "grpo.max_num_steps=20", "grpo.val_period=10"]
+#: what the agent's run must log as the built-in recipe's run did, step for step
+COMPARED = ("reward", "val/reward", "env/turns", "response_length")
 
 
 def tool_call_format_rate(model: Path, prompts: list[str]) -> float:
@@ -91,7 +93,11 @@ def test_the_calculator_as_an_openai_client_agent_trains_as_the_environment_does
     ours, theirs = metrics(run), metrics(builtin_run)
     assert sorted(ours) == list(range(11))
     for step in sorted(ours):
-        for key in ("reward", "val/reward", "env/turns", "response_length"):
-            if key in theirs[step]:
-                assert ours[step][key] == pytest.approx(theirs[step][key], abs=1e-6), (step, key)
+        keys = [k for k in COMPARED if k in theirs[step]]
+        assert keys == [k for k in COMPARED if k in ours[step]], (step, "the agent's run logs the same metrics")
+        assert keys == (list(COMPARED) if step % 10 == 0 else [k for k in COMPARED if k != "val/reward"]) or (
+            step == 0 and keys == ["val/reward"]
+        ), (step, keys)
+        for key in keys:
+            assert ours[step][key] == pytest.approx(theirs[step][key], abs=1e-6), (step, key)
     assert ours[10]["val/reward"] >= 0.8 and ours[10]["agent/split_episodes"] == 0.0

@@ -19,7 +19,6 @@ SHORT = {
     "reinforce": ["reinforce.max_steps=2", "reinforce.val_check_interval=2", "reinforce.max_val_samples=16"],
     "sft": ["sft.max_num_steps=2", "sft.val_period=2"],
     "dpo": ["dpo.max_num_steps=2", "dpo.val_period=2"],
-    "reward_model": ["reward_model.max_num_steps=2", "reward_model.val_period=2"],
 }
 
 
@@ -32,7 +31,8 @@ def recipes() -> list[Path]:
 #: and distillation (it needs a trained teacher, which test_main_job.py's LoRA recipe run gives it); GRPO against a served reward model (it
 #: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole);
 #: the calculator (test_calculator_recipe.py runs it as committed, its warm-up and 20 steps with checkpoints); the real
-#: chat model's (test_chat_model.py runs it shortened, and resumes it)
+#: chat model's (test_chat_model.py runs it shortened, and resumes it); the reward model (test_reward_model.py runs it
+#: whole, and checks its run folder as this test would)
 RUN_ELSEWHERE = {
     "grpo_smollm2_chat_lora",
     "grpo_parity_dtensor_vllm",
@@ -42,6 +42,7 @@ RUN_ELSEWHERE = {
     "ppo",
     "grpo_calculator",
     "grpo_calculator_agent",
+    "reward_model",
 }
 
 

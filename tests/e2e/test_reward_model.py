@@ -4,6 +4,8 @@ against that served model (``examples/configs/grpo_reward_model.yaml``) makes th
 rule it never saw (``rl-core eval``'s ``run_eval`` with the exact-match rule, in this process)."""
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,20 @@ def test_a_trained_reward_model_is_served_as_trained_and_grpo_against_it_learns_
     ray_session, rl_registry, tmp_path, start_server
 ):
     rm = tmp_path / "rm"
-    final = run_config(
-        load_config(CONFIGS / "reward_model.yaml", [f"run_dir={rm}", "logger.progress=false"], rl_registry), rl_registry
-    )
+    recipe = load_config(CONFIGS / "reward_model.yaml", [f"run_dir={rm}", "logger.progress=false"], rl_registry)
+    final = run_config(recipe, rl_registry)
     accuracy = val_rows(rm, "val/accuracy")
     assert accuracy[-1] >= 0.95 and accuracy[0] < 0.7, accuracy
     config_json = json.loads((rm / "final" / "config.json").read_text())
     assert config_json["architectures"][0].endswith("ForSequenceClassification") and len(config_json["id2label"]) == 1
+    # what tests/e2e/test_recipes.py checks of the recipes it runs shortened (this one it leaves to this test)
+    rows = [json.loads(line) for line in (rm / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(121)) and all(math.isfinite(v) for r in rows for v in r.values())
+    assert {"startup/prepare", "startup/workers"} <= set(rows[0]) and rows[1]["time/train"] > 0
+    assert (rm / "checkpoints" / "step_000120" / "state.json").is_file()
+    assert final == {k: v for k, v in rows[-1].items() if k != "step"}
+    begun = time.monotonic()
+    assert run_config(recipe, rl_registry) == final and time.monotonic() - begun < 5, "the finished run, found"
 
     server = start_server("--scorer", f"reward_model:path={rm / 'final'}")
     lines = (ROOT / "examples" / "data" / "parity_rm_val.jsonl").read_text().splitlines()

@@ -16,7 +16,10 @@ Three layouts, decided here from the config and the device alone (tested on CPU 
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -55,11 +58,32 @@ def detected_device(config: Config) -> Device:
         return config.cluster.device
     if config.cluster.gpus_per_node > 0:
         return "cuda"
+    if "torch" not in sys.modules and _cpu_only_torch():
+        return "cpu"  # what torch would say, without its import (~1.2 s of a `plugins --explain` or `--dry-run`)
     try:
         import torch
     except ImportError:
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cpu_only_torch() -> bool:
+    """Whether torch is missing or a build for CPUs alone (its generated ``torch/version.py`` sets ``cuda`` and
+    ``hip`` to None): read from that file; False (ask torch) when it says otherwise or cannot be read."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return True
+    try:
+        tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    values[target.id] = node.value.value
+    return "cuda" in values and "hip" in values and values["cuda"] is None and values["hip"] is None
 
 
 def overlaps(config: Config) -> bool:
