@@ -77,7 +77,7 @@ def _cpu_only_torch() -> bool:
         tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
     except (OSError, SyntaxError, ValueError):
         return False
-    values = {}
+    values: dict[str, object] = {}  # the file's top-level constants
     for node in tree.body:
         if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
