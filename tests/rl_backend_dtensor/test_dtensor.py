@@ -1,5 +1,6 @@
 """The FSDP2 backend for real: Ray actors, gloo, a tiny Qwen2 model."""
 
+import contextlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,18 +121,19 @@ def test_save_on_two_ranks_load_on_one(ray_session, rl_registry, tiny_model_path
     # the one-rank backend starts while the two-rank one trains (a start is mostly one core importing torch)
     ranks = {"two": ["policy.num_workers=2", *schedule], "one": ["policy.num_workers=1", *schedule]}
     folder = {tuple(o): tmp_path / name for name, o in ranks.items()}
-    starts = AheadStarts(
-        lambda o: make_backend(rl_registry, tiny_model_path, folder[tuple(o)], *o), list(ranks.values()), at_once=2
-    )
-    two = starts(ranks["two"])
-    try:
-        train_steps(two, batch, steps=2)
-        two.save_checkpoint(tmp_path / "ckpt")
-        uninterrupted = train_steps(two, batch, steps=1)
-    finally:
-        two.shutdown()
-    one = starts(ranks["one"])
-    starts.close()
+
+    def make_in_folder(overrides):
+        return make_backend(rl_registry, tiny_model_path, folder[tuple(overrides)], *overrides)
+
+    with contextlib.closing(AheadStarts(make_in_folder, list(ranks.values()), at_once=2)) as starts:
+        two = starts(ranks["two"])
+        try:  # a failure here leaves the one-rank backend started ahead shut down too
+            train_steps(two, batch, steps=2)
+            two.save_checkpoint(tmp_path / "ckpt")
+            uninterrupted = train_steps(two, batch, steps=1)
+        finally:
+            two.shutdown()
+        one = starts(ranks["one"])
     try:
         one.load_checkpoint(tmp_path / "ckpt")
         resumed = train_steps(one, batch, steps=1)

@@ -1,6 +1,7 @@
 """The megatron-core backend for real on CPU (gloo): conversion, logits parity, training, resharding, at tensor
 and pipeline parallel layouts."""
 
+import contextlib
 from pathlib import Path
 
 import backend_mutants
@@ -96,19 +97,22 @@ def test_logits_match_hugging_face_at_the_layouts_that_split_each_architecture(
     expected = hf_logprobs(path, batch)
     trained, weights = {}, {}
     layouts = {tuple(LAYOUTS[layout]): layout for layout in PARITY[name]}
-    starts = AheadStarts(lambda o: make(rl_registry, path, tmp_path / layouts[tuple(o)], *o), list(layouts), 2)
-    for layout in PARITY[name]:
-        backend = starts(LAYOUTS[layout])
-        try:
-            ours = backend.logprobs(batch)
-            if name == "qwen2-tiny-tied" and layout in ("tp1", "pp2"):
-                trained[layout] = losses(backend, batch)
-                routed = backend.weights_for_refit(RefitRoute(kind="object_store"))
-                weights[layout] = dict(receive_weights(routed))
-        finally:
-            backend.shutdown()
-        assert float((ours - expected).abs().max()) < 1e-5, layout
-    starts.close()
+
+    def make_at(overrides):
+        return make(rl_registry, path, tmp_path / layouts[tuple(overrides)], *overrides)
+
+    with contextlib.closing(AheadStarts(make_at, list(layouts), 2)) as starts:  # a failed check leaves none started
+        for layout in PARITY[name]:
+            backend = starts(LAYOUTS[layout])
+            try:
+                ours = backend.logprobs(batch)
+                if name == "qwen2-tiny-tied" and layout in ("tp1", "pp2"):
+                    trained[layout] = losses(backend, batch)
+                    routed = backend.weights_for_refit(RefitRoute(kind="object_store"))
+                    weights[layout] = dict(receive_weights(routed))
+            finally:
+                backend.shutdown()
+            assert float((ours - expected).abs().max()) < 1e-5, layout
     if trained:
         assert trained["pp2"] == pytest.approx(trained["tp1"], abs=1e-5)
         assert "lm_head.weight" not in weights["pp2"] and weights["pp2"].keys() == weights["tp1"].keys()
@@ -129,26 +133,30 @@ def test_a_checkpoint_saved_at_one_layout_resumes_at_another(ray_session, rl_reg
     batch = pg_batch(tokenizer_of(tiny_model_path))
     chain = ["tp2", "pp2", "tp1"]
     # each backend starts while the one before trains (a start is mostly one core importing torch)
-    starts = AheadStarts(lambda o: make(rl_registry, tiny_model_path, tmp_path / o[0], *o[1:]), chain_of(chain), 2)
+    planned = chain_of(chain)
+
+    def make_in(folder_and_overrides):
+        return make(rl_registry, tiny_model_path, tmp_path / folder_and_overrides[0], *folder_and_overrides[1:])
+
     expected = None
-    for i, layout in enumerate(chain):
-        backend = starts(chain_of(chain)[i])
-        try:
-            if i == 0:
-                routed = receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))
-                names = {k for k, _ in routed}
-                assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
-                losses(backend, batch, steps=2)
-            else:
-                backend.load_checkpoint(tmp_path / f"ckpt{i - 1}")
-                resumed = losses(backend, batch, steps=1)
-                assert resumed == pytest.approx(expected, abs=1e-6), f"saved at {chain[i - 1]}, loaded at {layout}"
-            if i < len(chain) - 1:
-                backend.save_checkpoint(tmp_path / f"ckpt{i}")
-                expected = losses(backend, batch, steps=1)
-        finally:
-            backend.shutdown()
-    starts.close()
+    with contextlib.closing(AheadStarts(make_in, planned, 2)) as starts:  # a failed check leaves none started
+        for i, layout in enumerate(chain):
+            backend = starts(planned[i])
+            try:
+                if i == 0:
+                    routed = receive_weights(backend.weights_for_refit(RefitRoute(kind="object_store")))
+                    names = {k for k, _ in routed}
+                    assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+                    losses(backend, batch, steps=2)
+                else:
+                    backend.load_checkpoint(tmp_path / f"ckpt{i - 1}")
+                    resumed = losses(backend, batch, steps=1)
+                    assert resumed == pytest.approx(expected, abs=1e-6), f"saved at {chain[i - 1]}, loaded at {layout}"
+                if i < len(chain) - 1:
+                    backend.save_checkpoint(tmp_path / f"ckpt{i}")
+                    expected = losses(backend, batch, steps=1)
+            finally:
+                backend.shutdown()
 
 
 def chain_of(layouts: list[str]) -> list[list[str]]:
