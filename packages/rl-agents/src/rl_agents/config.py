@@ -27,3 +27,11 @@ class AgentConfig:
     host: str = "127.0.0.1"
     #: its port; 0: a free one.
     port: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: the template chat requests are rendered with: ``auto`` (the model's own, or the built-in ``chatml-tools``
+    #: where the model has none or its own never reads ``tools``), ``model`` (the model's own alone),
+    #: ``chatml-tools`` (ChatML with Hermes-style ``<tool_call>`` calls), or a Jinja file's path.
+    chat_template: str = "auto"
+    #: how tool calls are read from what the model writes: ``auto`` (the tokenizer's ``response_template``, else the
+    #: format its chat template writes), ``hermes`` (``<tool_call>{json}</tool_call>``: Hermes, Qwen, chatml-tools),
+    #: ``llama3_json``, ``mistral`` (``[TOOL_CALLS]``), or ``none`` (replies are text).
+    tool_parser: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"

@@ -4,6 +4,7 @@ model sampled, its limits, and the calls it made."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -17,6 +18,28 @@ class Refused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+@attrs.frozen
+class Reply:
+    """An assistant message the endpoint answered with: known again by its tool calls' ids, or by its text."""
+
+    call: Call
+    #: the chat prompt it answered, as rendered
+    prompt_text: str
+    content: str
+    call_ids: frozenset[str]
+
+    def made(self, message: dict[str, Any]) -> bool:
+        """Whether ``message`` (an assistant message sent back) is this reply, however the agent reformatted it."""
+        ids = frozenset(c.get("id", "") for c in message.get("tool_calls") or ())
+        if ids or self.call_ids:
+            return ids == self.call_ids
+        return str(message.get("content") or "").strip() == self.content.strip()
+
+
+#: stands in for an assistant message the endpoint made, where a chat is rendered to find its place
+_SENTINEL = "\x00reply{}\x00"
 
 
 @attrs.define(eq=False)
@@ -33,6 +56,8 @@ class AgentEpisode:
     #: it back (or with its special tokens, as a chat template writes them again), and the ids the engine saw and
     #: sampled; a later prompt that starts with the text reuses the ids
     prefixes: list[tuple[str, list[int]]] = attrs.Factory(list)
+    #: the assistant messages the endpoint answered with, in a chat
+    replies: list[Reply] = attrs.Factory(list)
     #: the first prompt's length, where the token budget starts
     first_prompt: int | None = None
     #: requests admitted so far (the turn of the next one)
@@ -66,6 +91,41 @@ class AgentEpisode:
         best = max((p for p in self.prefixes if text.startswith(p[0])), key=lambda p: len(p[0]), default=("", []))
         rest = text[len(best[0]) :]
         return best[1] + (list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
+
+    def chat_ids(self, messages: Sequence[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str],
+                 tokenizer: Any) -> tuple[list[int], str]:
+        """A chat's token ids and its rendered text: every assistant message the endpoint made (known by its call ids
+        or text) is the exact ids it sampled, whatever the agent did to its whitespace or JSON; what lies between
+        them (tool results, user turns, the template's own tokens) is rendered by the template and tokenized as an
+        observation. ``render`` renders messages with the generation prompt."""
+        marked, used = [], []
+        for message in messages:
+            reply = None
+            if message.get("role") == "assistant":
+                reply = next((r for r in reversed(self.replies) if r.made(message) and r not in used), None)
+            if reply is None:
+                marked.append(message)
+            else:
+                marked.append({"role": "assistant", "content": _SENTINEL.format(len(used))})
+                used.append(reply)
+        text = render(marked)
+        if not used:
+            return self.ids(text, tokenizer), text
+        pieces = _split(text, len(used))
+        if pieces is None:  # the template moved or dropped a reply: rendered as the agent sent it
+            plain = render(list(messages))
+            return self.ids(plain, tokenizer), plain
+        first = used[0]
+        ids = list(first.call.prompt_ids) if pieces[0] == first.prompt_text else _tokens(pieces[0], tokenizer)
+        for reply, after in zip(used, pieces[1:], strict=True):
+            sampled = list(reply.call.token_ids)
+            end = tokenizer.decode(sampled[-1:]) if sampled else ""
+            ids += sampled + _tokens(after[len(end):] if end and after.startswith(end) else after, tokenizer)
+        return ids, text
+
+    def answered(self, call: Call, prompt_text: str, content: str, call_ids: Sequence[str]) -> None:
+        """Remember an assistant message the endpoint answered a chat with."""
+        self.replies.append(Reply(call, prompt_text, content, frozenset(call_ids)))
 
     def admit(self, prompt_ids: list[int], env: EnvironmentConfig, context: int) -> None:
         """Refuse a request past the turn limit, the token budget or the model's context."""
@@ -119,3 +179,18 @@ class AgentEpisode:
             before = prompt + list(call.token_ids)
         first = tokenizer.decode(list(self.calls[0].prompt_ids)) if self.calls else ""
         return {"prompt": first, "turns": turns, "reward": reward, "ended": self.ended}
+
+
+def _tokens(text: str, tokenizer: Any) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def _split(text: str, count: int) -> list[str] | None:
+    """``text`` cut at the sentinels 0..count-1, in order; None when one is missing or out of place."""
+    pieces, rest = [], text
+    for k in range(count):
+        head, found, rest = rest.partition(_SENTINEL.format(k))
+        if not found:
+            return None
+        pieces.append(head)
+    return [*pieces, rest]

@@ -3,25 +3,27 @@ its own key on the endpoint; their samples are built from what the endpoint reco
 (``rl_core.api.episode_rollouts``), never from the agent's text. An agent that raises or overruns
 ``time_limit_s`` ends its own episode (the reason in ``env/ended_*`` and one log line), never the run.
 
-The endpoint and the agents share one event loop, in a thread of the driver, started with the first batch."""
+The endpoint runs on an event loop in a thread of the driver, started with the first batch; each agent runs in a
+thread of its own (``contained.py``), so that no agent can stop the endpoint or another episode."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import importlib
-import inspect
 import logging
 import secrets
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rl_agents.config import AgentConfig
+from rl_agents.contained import Contained
 from rl_agents.dispatch import Lockstep, Streaming
 from rl_agents.endpoint import Endpoint, Session
 from rl_agents.episode import AgentEpisode
+from rl_agents.templates import Templates
 from rl_core.api import ConfigError, DrivenEpisodes, Rollout, SamplingParams, episode_rollouts, free_port, render_prompt
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,11 @@ class AgentHost:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: Any = None
         self.url = ""
-        self.threads = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agent")
-        #: one connection pool for every episode's client (a client of its own costs ~20 ms: an SSL context)
-        self.http: Any = None
+        #: one connection pool for the plain functions' clients; an async agent's client has its own (its own event
+        #: loop), over one SSL context (each would cost ~20 ms to make its own)
         self.http_sync: Any = None
+        self.ssl = ssl.create_default_context()
+        self.templates: Templates | None = None
         self.starting = threading.Lock()
 
     def start(self, model_name: str) -> str:
@@ -68,7 +71,7 @@ class AgentHost:
         import openai
         import uvicorn
 
-        self.http, self.http_sync = openai.DefaultAsyncHttpxClient(), openai.DefaultHttpxClient()
+        self.http_sync = openai.DefaultHttpxClient(verify=self.ssl)
 
         self.endpoint = Endpoint(model_name)
         port = self.cfg.port or free_port()
@@ -108,6 +111,8 @@ class AgentHost:
         streaming = env.schedule == "streaming" or (
             env.schedule == "auto" and bool(getattr(host.engine, "concurrent_requests", False))
         )
+        if self.templates is None:
+            self.templates = Templates(self.cfg.chat_template, host.tokenizer)
         session = Session(
             tokenizer=host.tokenizer,
             env=env,
@@ -116,6 +121,8 @@ class AgentHost:
             dispatcher=(Streaming if streaming else Lockstep)(host.engine, episodes),
             streaming=streaming,
             version=lambda: int(getattr(host, "refits", 0)),
+            templates=self.templates,
+            tool_parser=self.cfg.tool_parser,
         )
         self.endpoint.live.update((e.key, (session, e)) for e in episodes)
         try:
@@ -123,25 +130,30 @@ class AgentHost:
         finally:
             for e in episodes:
                 del self.endpoint.live[e.key]
-        return self._results(host, episodes, rewards)
+        return self._results(host, episodes, rewards, session.parse_errors)
 
     async def _episode(self, episode: AgentEpisode, session: Session) -> float:
         """Run the agent on one episode within its time limit; its reward (0 when it failed or returned none)."""
         import openai
 
         limit = self.cfg.time_limit_s
-        common: dict[str, Any] = {"base_url": self.url, "api_key": episode.key, "max_retries": 0, "timeout": None}
-        if inspect.iscoroutinefunction(self.agent):
-            client: Any = openai.AsyncOpenAI(**common, http_client=self.http)
-            work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(episode.row, client))
-        else:  # a plain function, in a thread, with the blocking client (past its limit it is abandoned)
-            client = openai.OpenAI(**common, http_client=self.http_sync)
-            work = asyncio.get_running_loop().run_in_executor(self.threads, self.agent, episode.row, client)
+        base = self.url.removesuffix("/v1") + f"/ep/{episode.key}/v1"
+        common: dict[str, Any] = {"base_url": base, "api_key": episode.key, "max_retries": 0, "timeout": None}
+        agent = Contained(
+            self.agent,
+            episode.row,
+            (
+                lambda: openai.AsyncOpenAI(**common, http_client=openai.DefaultAsyncHttpxClient(verify=self.ssl)),
+                lambda: openai.OpenAI(**common, http_client=self.http_sync),
+            ),
+            name=f"agent-{episode.number}",
+        )
         value: Any = None
         try:
-            value = await _within(work, episode, limit)
+            value = await _within(asyncio.wrap_future(agent.done), episode, limit)
             episode.ended = episode.ended or "done"
         except TimeoutError:
+            agent.cancel()
             episode.ended = episode.ended or "timeout"
         except Exception as exc:  # the agent's own failure (or a refused request after a limit): its episode's end
             episode.ended = episode.ended or f"error: {type(exc).__name__}: {exc}"
@@ -151,7 +163,9 @@ class AgentHost:
             return 0.0
         return float(value) if not episode.ended.startswith(("timeout", "error")) else 0.0
 
-    def _results(self, host: Any, episodes: Sequence[AgentEpisode], rewards: Sequence[float]) -> DrivenEpisodes:
+    def _results(
+        self, host: Any, episodes: Sequence[AgentEpisode], rewards: Sequence[float], parse_errors: int
+    ) -> DrivenEpisodes:
         tok, cfg = host.tokenizer, host.config
         rollouts: list[Rollout] = []
         earlier: list[tuple[int, Rollout]] = []
@@ -181,6 +195,7 @@ class AgentHost:
             **{f"env/ended_{k}": ends.count(k) / len(ends) for k in sorted(set(ends))},
             "agent/samples_per_episode": (len(rollouts) + len(earlier)) / len(episodes),
             "agent/split_episodes": len({i for i, _ in earlier}) / len(episodes),
+            "agent/tool_parse_errors": parse_errors / len(episodes),
         }
         keep = None
         if self.cfg.on_error == "drop" and failed:
@@ -196,12 +211,10 @@ class AgentHost:
 
     def close(self) -> None:
         if self.server is not None and self.loop is not None:
-            asyncio.run_coroutine_threadsafe(self.http.aclose(), self.loop).result(timeout=10)
             self.http_sync.close()
             self.server.should_exit = True
             time.sleep(0.2)
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self.threads.shutdown(wait=False, cancel_futures=True)
 
 
 async def _within(work: asyncio.Future[Any], episode: AgentEpisode, limit: float) -> Any:
