@@ -1,6 +1,7 @@
 """Agent programs for the agent-environment tests, loaded by ``environment.entry`` (``scripted_agents:NAME``)."""
 
 import asyncio
+import sys
 import time
 
 from rl_agents.calculator_agent import run as calculator  # noqa: F401 - an entry of these tests
@@ -70,4 +71,35 @@ async def streamed(row, client):
         model="policy", messages=[{"role": "user", "content": row["prompt"] + text}], max_tokens=4, stream=True
     )
     STREAMED[row["prompt"]] = text + "|" + "".join([c.choices[0].delta.content or "" async for c in chat])
+    return 1.0
+
+
+async def escaping(row, client):
+    """By row: leave with ``SystemExit`` or ``KeyboardInterrupt``, block its event loop, wait on a child process
+    that hangs, or answer once."""
+    kind = row["kind"]
+    if kind == "exits":
+        sys.exit(3)
+    if kind == "interrupts":
+        raise KeyboardInterrupt
+    if kind == "blocks":
+        time.sleep(30)
+    if kind == "child":
+        child = await asyncio.create_subprocess_exec("sleep", "30", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await child.wait()
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    return 1.0
+
+
+#: what ``asks`` got for each request of its table: (status, body)
+ANSWERS: dict[str, tuple[int, dict]] = {}
+
+
+def asks(row, client):
+    """Each request of ``row["table"]`` (name: (path, body)) sent over HTTP as is, its answer kept in ``ANSWERS``."""
+    import httpx
+
+    for name, (path, body) in row["table"].items():
+        reply = httpx.post(f"{client.base_url}{path}", json=body, headers={"x-api-key": client.api_key}, timeout=60)
+        ANSWERS[name] = (reply.status_code, reply.json())
     return 1.0

@@ -136,7 +136,10 @@ def events(done: ChatCompletion, include_usage: bool) -> Iterator[dict[str, Any]
         for k, call in enumerate(c.message.tool_calls or []):
             assert isinstance(call, ChatCompletionMessageFunctionToolCall)
             fn = ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments)
-            yield chunk(c.index, ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=k, id=call.id, type="function", function=fn)]))
+            yield chunk(
+                c.index,
+                ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=k, id=call.id, type="function", function=fn)]),
+            )
         yield chunk(c.index, ChoiceDelta(), finish=c.finish_reason)
     if include_usage and done.usage is not None:
         head = {"id": done.id, "object": "chat.completion.chunk", "created": done.created, "model": done.model}

@@ -40,7 +40,7 @@ class Contained:
             else:
                 value = self.agent(self.row, self.clients[1]())
             self._settle(lambda: self.done.set_result(value))
-        except BaseException as exc:  # noqa: BLE001 - the agent's, whatever it is, ends its episode alone
+        except BaseException as exc:  # the agent's, whatever it is, ends its episode alone
             error = exc if isinstance(exc, Exception) else AgentExit(f"{type(exc).__name__}: {exc}")
             self._settle(lambda: self.done.set_exception(error))
 

@@ -62,7 +62,9 @@ class Session:
     #: completions that looked like a tool call but did not parse, this batch
     parse_errors: int = 0
 
-    def sampling(self, episode: AgentEpisode, asked_tokens: int | None, stop: tuple[str, ...], n: int) -> SamplingParams:
+    def sampling(
+        self, episode: AgentEpisode, asked_tokens: int | None, stop: tuple[str, ...], n: int
+    ) -> SamplingParams:
         base = self.params
         max_new = self.env.max_tokens_per_turn or base.max_new_tokens
         return attrs.evolve(
@@ -85,7 +87,9 @@ class Session:
                     messages, tools=asked.tools, chat_template=template, add_generation_prompt=True, tokenize=False
                 )
             except Exception as exc:  # jinja's own errors: the request's, named
-                raise BadRequest(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}")
+                raise BadRequest(
+                    f"the chat template cannot render these messages: {type(exc).__name__}: {exc}"
+                ) from exc
             return str(text)
 
         return render, self.parsers[template]

@@ -92,8 +92,9 @@ class AgentEpisode:
         rest = text[len(best[0]) :]
         return best[1] + (list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
 
-    def chat_ids(self, messages: Sequence[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str],
-                 tokenizer: Any) -> tuple[list[int], str]:
+    def chat_ids(
+        self, messages: Sequence[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str], tokenizer: Any
+    ) -> tuple[list[int], str]:
         """A chat's token ids and its rendered text: every assistant message the endpoint made (known by its call ids
         or text) is the exact ids it sampled, whatever the agent did to its whitespace or JSON; what lies between
         them (tool results, user turns, the template's own tokens) is rendered by the template and tokenized as an
@@ -120,7 +121,7 @@ class AgentEpisode:
         for reply, after in zip(used, pieces[1:], strict=True):
             sampled = list(reply.call.token_ids)
             end = tokenizer.decode(sampled[-1:]) if sampled else ""
-            ids += sampled + _tokens(after[len(end):] if end and after.startswith(end) else after, tokenizer)
+            ids += sampled + _tokens(after[len(end) :] if end and after.startswith(end) else after, tokenizer)
         return ids, text
 
     def answered(self, call: Call, prompt_text: str, content: str, call_ids: Sequence[str]) -> None:

@@ -37,9 +37,27 @@ class Asked:
 
 #: fields that tune sampling, which the run owns (``policy.generation``): ignored, said once per run
 SAMPLING = frozenset(
-    {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-     "logit_bias", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-     "truncation", "reasoning_effort", "verbosity", "modalities"}
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "truncation",
+        "reasoning_effort",
+        "verbosity",
+        "modalities",
+    }
 )
 _said: set[str] = set()
 

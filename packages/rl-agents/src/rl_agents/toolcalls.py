@@ -42,7 +42,10 @@ FORMATS: dict[str, dict[str, Any]] = {
                 "close_pattern": r"(?<=\})\s*(?:;|$)",
                 "repeats": True,
                 "content": "json",
-                "transform": {"type": "function", "function": {"name": "{content.name}", "arguments": "{content.parameters}"}},
+                "transform": {
+                    "type": "function",
+                    "function": {"name": "{content.name}", "arguments": "{content.parameters}"},
+                },
             },
             "content": {"content": "text"},
         },
