@@ -85,7 +85,9 @@ async def escaping(row, client):
     if kind == "blocks":
         time.sleep(30)
     if kind == "child":
-        child = await asyncio.create_subprocess_exec("sleep", "30", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        child = await asyncio.create_subprocess_exec(
+            "sleep", "30", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
         await child.wait()
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
     return 1.0
@@ -100,6 +102,7 @@ def asks(row, client):
     import httpx
 
     for name, (path, body) in row["table"].items():
-        reply = httpx.post(f"{client.base_url}{path}", json=body, headers={"x-api-key": client.api_key}, timeout=60)
+        url = str(client.base_url).rstrip("/") + path
+        reply = httpx.post(url, json=body, headers={"x-api-key": client.api_key}, timeout=60)
         ANSWERS[name] = (reply.status_code, reply.json())
     return 1.0
