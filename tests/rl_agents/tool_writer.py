@@ -17,7 +17,8 @@ ROWS = [{"prompt": f"Add {a}+{b}.", "answer": str(a + b)} for a, b in ((47, 86),
 
 class ToolWriter:
     """The model, scripted: asked with no tool result in the chat yet, it calls the calculator (JSON spaced as a
-    model writes it, which libraries re-serialise their own way); after one, it answers with the result."""
+    model writes it, a newline inside the tags as Qwen writes them, which neither a library nor the template
+    writes back the same way); after one, it answers with the result."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
@@ -30,7 +31,7 @@ class ToolWriter:
             if "<|im_start|>tool" in text:
                 reply = f"The sum is {int(a) + int(b)}."
             else:
-                reply = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}+{b}"}}}}</tool_call>'
+                reply = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a}+{b}"}}}}\n</tool_call>'
             tokens = [*self.tok(reply, add_special_tokens=False)["input_ids"], self.tok.eos_token_id]
             cut = tokens[: params.max_new_tokens]
             for j in range(params.n):

@@ -124,10 +124,17 @@ def events(done: ChatCompletion, include_usage: bool) -> Iterator[dict[str, Any]
     """The reply as chunks: per choice its role, its content, each tool call (name and arguments), its finish;
     then, asked for, the usage in a chunk of no choices."""
 
+    def of(choices: list[ChunkChoice], usage: CompletionUsage | None = None) -> dict[str, Any]:
+        return ChatCompletionChunk(
+            id=done.id, object="chat.completion.chunk", created=done.created, model=done.model, choices=choices,
+            usage=usage,
+        ).model_dump(exclude_none=True)  # fmt: skip
+
     def chunk(index: int, delta: ChoiceDelta, finish: Any = None, logprobs: Any = None) -> dict[str, Any]:
-        choice = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
-        head = {"id": done.id, "object": "chat.completion.chunk", "created": done.created, "model": done.model}
-        return ChatCompletionChunk(**head, choices=[choice]).model_dump(exclude_none=True)
+        lp = logprobs.model_dump() if logprobs is not None else None
+        return of(
+            [ChunkChoice.model_validate({"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp})]
+        )
 
     for c in done.choices:
         yield chunk(c.index, ChoiceDelta(role="assistant", content=""))
@@ -142,5 +149,4 @@ def events(done: ChatCompletion, include_usage: bool) -> Iterator[dict[str, Any]
             )
         yield chunk(c.index, ChoiceDelta(), finish=c.finish_reason)
     if include_usage and done.usage is not None:
-        head = {"id": done.id, "object": "chat.completion.chunk", "created": done.created, "model": done.model}
-        yield ChatCompletionChunk(**head, choices=[], usage=done.usage).model_dump(exclude_none=True)
+        yield of([], done.usage)

@@ -99,7 +99,8 @@ class AgentEpisode:
         or text) is the exact ids it sampled, whatever the agent did to its whitespace or JSON; what lies between
         them (tool results, user turns, the template's own tokens) is rendered by the template and tokenized as an
         observation. ``render`` renders messages with the generation prompt."""
-        marked, used = [], []
+        marked: list[dict[str, Any]] = []
+        used: list[Reply] = []
         for message in messages:
             reply = None
             if message.get("role") == "assistant":

@@ -93,6 +93,7 @@ class ToolParser:
 
     def __init__(self, setting: str, tokenizer: Any, chat_template: str | None) -> None:
         own = getattr(tokenizer, "response_template", None)
+        self.format: str | None
         if own is not None and setting == "auto":
             self.format, self.template = "the tokenizer's response_template", own
             return
