@@ -1,6 +1,7 @@
 """The chat template the endpoint renders requests with (``environment.chat_template``): the model's own, a file,
 or the built-in ``chatml-tools`` (ChatML with Hermes-style tool calls, each turn closed by the tokenizer's end-of-text
-token so that a turn the model ends is the turn the template writes). ``auto`` takes the model's own unless it
+token so that a turn the model ends is the turn the template writes; tools listed as signatures,
+``name(arg: type, ...): description``, short enough for a small model's context). ``auto`` takes the model's own unless it
 cannot render the request (it has none, or tools are offered and it never reads ``tools``)."""
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ CHATML_TOOLS = """\
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
-{{- 'Tools:\\n<tools>' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools>\\nCall one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>' + eos_token + '\\n' }}
+{{- 'Tools:' }}
+{%- for tool in tools %}
+{%- set f = tool.function %}
+{{- '\\n' + f.name + '(' }}
+{%- for name, p in ((f.parameters or {}).properties or {}).items() %}
+{{- (', ' if not loop.first else '') + name + ': ' + (p.type if p.type is string else 'any') }}
+{%- endfor %}
+{{- ')' + (': ' + f.description if f.description else '') }}
+{%- endfor %}
+{{- '\\nCall: <tool_call>{"name": ..., "arguments": {...}}</tool_call>' + eos_token + '\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + eos_token + '\\n' }}
 {%- endif %}
