@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from learning_signal import signal_warnings
 
 from rl_core.config.loader import load_config
 from rl_core.launch.run import run_config
@@ -52,7 +53,7 @@ def builtin_run(ray_session, rl_registry, tmp_path_factory) -> Path:
     return run
 
 
-def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path):
+def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path, rl_registry):
     from rl_core.data.prompts import calculator_task
 
     run = builtin_run
@@ -78,6 +79,7 @@ def test_calculator_recipe_learns_to_use_the_tool(builtin_run: Path):
     assert max(sum(s["prompt"] == t["prompt"] and s["step"] == t["step"] for t in samples) for s in samples) == 2
     roles = [[t["role"] for t in s["turns"]] for s in samples if s["step"] == 20 and s["split"] == "train"]
     assert any(r[:3] == ["model", "environment", "model"] for r in roles), roles
+    assert signal_warnings(run, load_config(RECIPE, [], rl_registry)) == [], "a run that learns raises no alarm"
 
 
 def test_the_calculator_as_an_openai_client_agent_trains_as_the_environment_does(
@@ -101,3 +103,4 @@ def test_the_calculator_as_an_openai_client_agent_trains_as_the_environment_does
         for key in keys:
             assert ours[step][key] == pytest.approx(theirs[step][key], abs=1e-6), (step, key)
     assert ours[10]["val/reward"] >= 0.8 and ours[10]["agent/split_episodes"] == 0.0
+    assert signal_warnings(run, load_config(AGENT_RECIPE, [], rl_registry)) == []

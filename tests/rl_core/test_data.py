@@ -165,3 +165,12 @@ def test_the_sampler_walks_each_epochs_seeded_shuffle_and_resumes_at_its_positio
     assert [row for _ in range(4) for row in sampler.next()] == expected
     resumed = EpochSampler(rows, 3, seed=1, position=7)
     assert resumed.next() + resumed.next() == [*expected[7:12], rows[order(2)[2]]]
+
+
+def test_building_a_tiny_model_shows_no_library_progress_bar(tmp_path, capfd):
+    """The demo's first screen is the run's own lines: transformers' "Writing model shards" bar stays off it."""
+    from rl_core.data.tiny_models import ensure_tiny_model
+
+    ensure_tiny_model("qwen2-tiny", root=tmp_path)
+    out, err = capfd.readouterr()
+    assert "Writing model shards" not in out + err and "it/s]" not in out + err, err[-500:]

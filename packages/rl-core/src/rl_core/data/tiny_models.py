@@ -17,6 +17,7 @@ from typing import Any
 
 from rl_core.base.errors import InputError
 from rl_core.base.paths import cache_root
+from rl_core.data.quiet import no_progress_bars
 
 _TINY = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 _SMALL = dict(
@@ -122,7 +123,8 @@ def build_model(name: str, path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(path, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(path, safe_serialization=True)
     return path
 
 

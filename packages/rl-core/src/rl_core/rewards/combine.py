@@ -28,7 +28,8 @@ def score(
     metadata: Sequence[Mapping[str, Any]],
     chunk_size: int | None = None,
 ) -> tuple[list[float], dict[str, float]]:
-    """Weighted sum of all reward sources per response, and the mean of each named part. With ``chunk_size``
+    """Weighted sum of all reward sources per response, the mean of each named part and each source's firing rate
+    (``signal/fired/NAME``: the share of responses it scored non-zero). With ``chunk_size``
     (``rollout_micro_batch_size``) each source scores requests of that many responses, sent concurrently."""
     total = [0.0] * len(responses)
     parts: dict[str, float] = {}
@@ -43,9 +44,9 @@ def score(
                     parts[f"reward/{named.name}/{key}"] = parts.get(f"reward/{named.name}/{key}", 0.0) + part / n
                 value = sum(value.values())
             total[i] += named.weight * float(value)
-        parts[f"reward/{named.name}"] = sum(
-            float(sum(v.values()) if isinstance(v, Mapping) else v) for v in values
-        ) / max(n, 1)
+        plain = [float(sum(v.values()) if isinstance(v, Mapping) else v) for v in values]
+        parts[f"reward/{named.name}"] = sum(plain) / max(n, 1)
+        parts[f"signal/fired/{named.name}"] = sum(v != 0 for v in plain) / max(n, 1)
     return total, parts
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rl_core.outputs.checkpoint import CheckpointManager
     from rl_core.outputs.console import RunConsole
     from rl_core.training.episodes import EnvironmentRunner
+    from rl_core.training.signal import SignalWatch
 
 
 class Phases:
@@ -90,6 +91,8 @@ class RunContext:
     critic: TrainingBackend | None = None
     #: seconds per start-up phase of this process (``rl_core.launch``), logged with its first step as ``startup/*``.
     startup: dict[str, float] = attrs.Factory(dict)
+    #: reads each step's learning-signal figures and warns when they show the run cannot learn
+    watch: SignalWatch | None = None
 
     def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]], *, split: str = "train") -> None:
         """A few rollouts (prompt, turns, reward; grouped by prompt) to RUN_DIR/samples.jsonl and to each logger that
@@ -97,6 +100,8 @@ class RunContext:
         prompt, at most ``logger.max_samples`` rows, at step 1 (the model before any update), every
         ``logger.save_samples_every`` steps and at every validation (``split="val"``)."""
 
+        if self.watch is not None and split == "train":
+            self.watch.saw(transcripts)
         cfg = self.config.logger
         due = split != "train" or step == 1 or step % cfg.save_samples_every == 0
         if not (transcripts and cfg.save_samples_every and due):
@@ -136,6 +141,8 @@ class RunContext:
         for logger in self.loggers:
             logger.log(step, metrics)
         self.console.step(step, total_steps, metrics)
+        if self.watch is not None:
+            self.watch.step(step, metrics)
         self.hook.rl_step_end(step=step, metrics=dict(metrics))
 
     def resume(self) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from rl_core.training.rollouts import (
     ScoredRollouts,
     generate_and_score,
     refit,
+    response_limit,
     rollout_batch,
     rollout_metrics,
     sampling,
@@ -95,7 +96,7 @@ def sample_on_policy(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSamp
         scored=scored,
         batch=batch,
         logprobs=logprobs,
-        metrics={**rollout_metrics(scored, gen_seconds), **health},
+        metrics={**rollout_metrics(scored, gen_seconds, response_limit(ctx)), **health},
         phases=phases,
         start=start,
     )

@@ -18,6 +18,21 @@ from rl_core.distributed.placement import colocated as colocated_on
 from rl_core.training.context import Phases, RunContext
 from rl_core.training.episodes import EnvironmentRunner, run_episodes
 from rl_core.training.health import weight_sync_failed
+from rl_core.training.signal import signal_metrics
+
+
+def response_limit(ctx: RunContext) -> int:
+    """The token limit of a response: an episode's turn's (``environment.max_tokens_per_turn``), else
+    ``policy.generation.max_new_tokens``."""
+    return limit_setting(ctx.config)[1]
+
+
+def limit_setting(config: Any) -> tuple[str, int]:
+    """The config key that limits a response, and its value."""
+    turn = config.environment.max_tokens_per_turn if config.environment.name else None
+    if turn is not None:
+        return "environment.max_tokens_per_turn", int(turn)
+    return "policy.generation.max_new_tokens", int(config.policy.generation.max_new_tokens)
 
 
 def sampling(ctx: RunContext, n: int, seed: int, *, greedy: bool = False) -> SamplingParams:
@@ -116,6 +131,7 @@ def generate_and_score(
                 )
             total, parts = [a + b for a, b in zip(total, more, strict=True)], {**parts, **parts_more}
         parts["reward/environment"] = sum(env_rewards) / max(len(env_rewards), 1)
+        parts["signal/fired/environment"] = sum(r != 0 for r in env_rewards) / max(len(env_rewards), 1)
         return ScoredRollouts(
             examples=list(examples),
             rollouts=rollouts,
@@ -229,7 +245,9 @@ def heldout_metrics(scored: ScoredRollouts, k: int, threshold: float = 1.0) -> d
     }
 
 
-def rollout_metrics(scored: ScoredRollouts, seconds: float) -> dict[str, float]:
+def rollout_metrics(scored: ScoredRollouts, seconds: float, limit: int) -> dict[str, float]:
+    """A step's rollout figures, the learning-signal ones (``rl_core.training.signal``) included; ``limit``: the
+    responses' token limit."""
     n = len(scored.rollouts)
     tokens = sum(len(r.token_ids) for r in scored.rollouts)
     return {
@@ -238,4 +256,5 @@ def rollout_metrics(scored: ScoredRollouts, seconds: float) -> dict[str, float]:
         "response_length": tokens / n,
         "truncated_fraction": sum(r.finish_reason == "length" for r in scored.rollouts) / n,
         "tokens_per_second": tokens / max(seconds, 1e-9),
+        **signal_metrics(scored.rollouts, scored.rewards, limit),
     }
