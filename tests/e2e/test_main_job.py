@@ -247,3 +247,8 @@ def test_eval_gives_the_runs_validation_back(lora_recipe_run: tuple, ray_session
     assert report["pass@4"] == sum(any(s["reward"] >= 1.0 for s in g) for g in groups.values()) / 83, report
     assert report["maj@4"] == sum(majority_right(g) for g in groups.values()) / 83, report
     assert report["reward"] == sum(s["reward"] for s in samples) / len(samples) > 0.5, report
+    # the learning-signal figures, from the same samples: groups of a row's 4 samples
+    alike = sum(len({s["reward"] for s in g}) == 1 for g in groups.values()) / 83
+    assert report["signal/equal_reward_groups"] == pytest.approx(alike), report
+    assert report["signal/reward_nonzero"] == pytest.approx(sum(s["reward"] != 0 for s in samples) / len(samples))
+    assert report["signal/fired/exact_match"] == report["signal/reward_nonzero"] and report["signal/samples"] == 4 * 83

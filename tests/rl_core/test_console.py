@@ -3,6 +3,7 @@ and 120 columns (the metrics are what gets cut), and the validation lines that s
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -66,3 +67,16 @@ def test_after_the_first_step_the_run_says_what_the_rest_will_cost(monkeypatch):
     assert "step 1 took 100.0 s (generate 1.2 s, train 2.3 s, refit 0.1 s)" in said, said
     assert "the 24 steps left: about 40 min, ending near 00:40" in said, said
     assert "trainer peak memory 7.9 GiB" in said, said
+
+
+def test_the_summary_gives_the_runs_learning_signal():
+    buf = io.StringIO()
+    run = RunConsole(Console(file=buf, width=300, color_system=None), progress=False)
+    for nonzero, alike in ((0.25, 0.5), (0.75, 0.0)):
+        shares = {"signal/reward_nonzero": nonzero, "signal/fired/number_match": nonzero}
+        run.step(1, 2, {**shares, "signal/equal_reward_groups": alike, "truncated_fraction": 0.1, "reward": 0.5})
+    run.summary(Path("run"), final=None, checkpoints=None)
+    assert (
+        "learning signal (mean of the steps): rewards non-zero 50% (number_match 50%), prompts whose samples all "
+        "scored alike 25%, cut at the token limit 10%" in buf.getvalue()
+    )

@@ -56,6 +56,10 @@ def test_only_logged_panels_are_drawn():
     ]
     with_kl = [*ROWS, {"step": 11, "train/kl": 0.01}]
     assert ("KL to reference", ["train/kl"]) in panels(with_kl)
+    signal = {"truncated_fraction": 0.1, "signal/equal_reward_groups": 0.5, "signal/fired/b": 0.2, "signal/fired/a": 1}
+    assert ("learning signal (shares)", [*list(signal)[:2], "signal/fired/a", "signal/fired/b"]) in panels(
+        [*ROWS, {"step": 12, **signal}]
+    ), "the signal's shares, every reward source's firing rate among them"
 
 
 def test_plot_draws_the_curves_into_a_png_of_the_expected_size(tmp_path: Path):

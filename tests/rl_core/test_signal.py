@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rl_core.base.errors import InputError
 from rl_core.contracts.protocols import Rollout
 from rl_core.training.signal import REPEAT, SignalWatch, signal_metrics
 
@@ -94,7 +95,10 @@ def test_a_lasting_condition_is_said_again_every_20_steps_not_every_step():
 @pytest.mark.parametrize(
     ("over", "words"),
     [
-        ({"reward": 1.0, "signal/reward_spread": 0.0, "signal/equal_reward_groups": 1.0}, "every sample scored 1 since step 1"),
+        (
+            {"reward": 1.0, "signal/reward_spread": 0.0, "signal/equal_reward_groups": 1.0},
+            "every sample scored 1 since step 1",
+        ),
         ({"signal/equal_reward_groups": 1.0}, "no group has reward variance"),
         ({"truncated_fraction": 0.9}, "90% of responses hit policy.generation.max_new_tokens=16"),
     ],
@@ -115,3 +119,33 @@ def test_a_healthy_run_a_passing_moment_and_a_learned_task_say_nothing():
     for step in range(30, 80):  # the task learned: every sample right, every group alike
         watch.step(step, step_metrics(**learned))
     assert said == []
+
+
+def preflight(rewards: list[float], mode: str = "warn", finish: str = "stop") -> tuple[list[str], list[str]]:
+    lines: list[str] = []
+    warned: list[str] = []
+    watch = SignalWatch("policy.generation.max_new_tokens", 16, warn=warned.append)
+    rollouts = [rollout(i // 2, 3, finish) for i in range(len(rewards))]
+    watch.preflight(
+        rollouts, rewards, {"number_match": sum(r != 0 for r in rewards) / len(rewards)}, mode, lines.append
+    )
+    return lines, warned
+
+
+def test_the_preflight_says_step_1s_signal_and_warns_or_stops_without_any():
+    lines, warned = preflight([1.0, 0.0, 0.5, 0.5])
+    assert lines == [
+        "preflight: step 1's 4 samples, before any update: reward mean 0.5, non-zero 75% (number_match 75%), cut at "
+        "policy.generation.max_new_tokens 0%, prompts whose samples all scored alike 50%"
+    ]
+    assert warned == [], "a signal: nothing to warn"
+    _, warned = preflight([1.0, 1.0, 1.0, 1.0])
+    assert warned == [
+        "no learning signal in step 1: every sample scored 1; the task is too easy for this model, or the reward "
+        "ignores the response (health.preflight: stop ends such a run here)"
+    ]
+    _, warned = preflight([1.0, 1.0, 0.0, 0.0])
+    assert warned[0].startswith("no learning signal in step 1: each prompt's samples all scored alike; raise grpo.")
+    with pytest.raises(InputError, match=r"every sample scored 0; raise policy.generation.max_new_tokens \(100% "):
+        preflight([0.0] * 4, mode="stop", finish="length")
+    assert preflight([0.0] * 4, mode="off") == ([], [])

@@ -412,6 +412,11 @@ class HealthConfig:
     verify_refit_every: int = attrs.field(default=10, validator=_nonneg)
     #: what a failed weight sync does: ``stop`` the run, or ``warn``.
     on_weight_sync_failure: Literal["stop", "warn"] = "stop"
+    #: step 1's rollouts, judged before the first update (they cost nothing extra): one line with their rewards and
+    #: truncation, and when they carry no learning signal at all (every reward alike, or no group with variance),
+    #: ``warn`` with the fix, ``stop`` the run with it, or ``off``. Not ``stop`` by default: a sparse reward may miss
+    #: every one of a first batch's samples and still fire later (the step-3 warnings then judge more steps).
+    preflight: Literal["warn", "stop", "off"] = "warn"
 
 
 @attrs.frozen(kw_only=True)

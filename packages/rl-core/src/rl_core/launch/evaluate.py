@@ -25,7 +25,8 @@ from rl_core.outputs.console import RunConsole
 from rl_core.plugins.registry import Registry
 from rl_core.plugins.specs import AlgorithmSpec
 from rl_core.training.context import Phases
-from rl_core.training.rollouts import generate_and_score, heldout_metrics, sampling
+from rl_core.training.rollouts import generate_and_score, heldout_metrics, response_limit, sampling
+from rl_core.training.signal import signal_metrics
 
 
 @attrs.frozen(kw_only=True)
@@ -110,6 +111,8 @@ def run_eval(
         "threshold": settings.threshold,
         **heldout_metrics(scored, settings.k, settings.threshold),
         **{name: float(v) for name, v in scored.metrics.items()},
+        "truncated_fraction": sum(r.finish_reason == "length" for r in scored.rollouts) / len(scored.rollouts),
+        **signal_metrics(scored.rollouts, scored.rewards, response_limit(ctx)),
     }
     samples = [{"row": i // settings.k, **t} for i, t in enumerate(scored.transcripts)]
     atomic_write_text(out / "samples.jsonl", "".join(json.dumps(s) + "\n" for s in samples))

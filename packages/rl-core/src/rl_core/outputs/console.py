@@ -30,6 +30,10 @@ SHOWN = (
 )
 
 
+#: the learning-signal shares the summary averages (besides each reward source's ``signal/fired/NAME``)
+SIGNAL = ("signal/reward_nonzero", "signal/equal_reward_groups", "truncated_fraction")
+
+
 def metrics_line(step: int, total: int, metrics: Mapping[str, float], *, times: bool = True) -> str:
     """``step 3/20  reward 0.531  loss -0.0104  tok/s 812  generate 1.20s score 0.00s ...`` (plain text); without
     ``times``, the metrics only."""
@@ -61,6 +65,8 @@ class RunConsole:
         self.first_val: dict[str, float] = {}
         self.last_val: dict[str, float] = {}
         self.phase_seconds: dict[str, float] = {}
+        #: each learning-signal share summed over the steps that logged it, and those steps
+        self.signal: dict[str, list[float]] = {}
         self.steps_run = 0
         #: the step logged last (0 before the first)
         self.last_step = 0
@@ -118,6 +124,10 @@ class RunConsole:
             if key.startswith("time/") and key != "time/step":
                 phase = key.removeprefix("time/")
                 self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
+            if key in SIGNAL or key.startswith("signal/fired/"):
+                total_count = self.signal.setdefault(key, [0.0, 0.0])
+                total_count[0] += value
+                total_count[1] += 1
         if step > 0:
             self.steps_run += 1
         self.last_step = step
@@ -169,12 +179,31 @@ class RunConsole:
             parts = [*self.phase_seconds.items(), ("start-up and checkpoints", max(elapsed - total, 0.0))]
             phases = ", ".join(f"{k} {v:.0f} s ({100 * v / elapsed:.0f}%)" for k, v in parts)
             self._print(f"  time: {phases}")
+        if self.signal:
+            self._print(f"  learning signal (mean of the steps): {signal_line(self.signal)}")
         self._print(f"  metrics: {run_dir / 'metrics.jsonl'} (plot: rl-core plot {run_dir})")
         if checkpoints is not None:
             self._print(f"  checkpoints: {checkpoints}")
         if final is not None:
             self._print(f"  final model (Hugging Face): {final}")
         self._print(f"  logs: {run_dir / 'logs'}")
+
+
+def signal_line(sums: Mapping[str, list[float]]) -> str:
+    """``rewards non-zero 41% (number_match 41%), prompts alike 25%, cut at the limit 2%`` from each share's
+    (sum, steps)."""
+    mean = {k: total / max(count, 1) for k, (total, count) in sums.items()}
+    fired = [f"{k.removeprefix('signal/fired/')} {v:.0%}" for k, v in mean.items() if k.startswith("signal/fired/")]
+    parts = []
+    if "signal/reward_nonzero" in mean:
+        parts.append(
+            f"rewards non-zero {mean['signal/reward_nonzero']:.0%}" + (f" ({', '.join(fired)})" if fired else "")
+        )
+    if "signal/equal_reward_groups" in mean:
+        parts.append(f"prompts whose samples all scored alike {mean['signal/equal_reward_groups']:.0%}")
+    if "truncated_fraction" in mean:
+        parts.append(f"cut at the token limit {mean['truncated_fraction']:.0%}")
+    return ", ".join(parts)
 
 
 def _duration(seconds: float) -> str:

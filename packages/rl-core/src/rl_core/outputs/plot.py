@@ -1,4 +1,5 @@
-"""``rl-core plot RUN_DIR``: reward, KL, loss and per-phase time curves from ``metrics.jsonl`` to one PNG.
+"""``rl-core plot RUN_DIR``: reward, KL, loss, learning-signal and per-phase time curves from ``metrics.jsonl`` to one
+PNG.
 
 Only the panels with something logged are drawn; validation metrics (``val/...``, logged every few steps) are
 points, training metrics lines with points."""
@@ -17,11 +18,22 @@ from rl_core.outputs.metrics import read_metrics
 SIZE = (1600, 1000)
 DPI = 100
 
-#: (title, metric keys) of every panel that can be drawn; the phase-time keys are found in the rows.
+#: (title, metric keys) of every panel that can be drawn; a key ending in ``/`` stands for every logged key under
+#: it; the phase-time keys are found in the rows.
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward", "val/reward")),
     ("KL to reference", ("train/kl",)),
     ("loss", ("train/loss", "val/loss")),
+    (
+        "learning signal (shares)",
+        (
+            "truncated_fraction",
+            "signal/equal_reward_groups",
+            "signal/reward_nonzero",
+            "signal/length_of_limit",
+            "signal/fired/",
+        ),
+    ),
     ("seconds per phase", ()),
 )
 
@@ -32,10 +44,17 @@ def panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
     times = sorted(k for k in logged if k.startswith("time/") and k != "time/step")
     out = []
     for title, keys in PANELS:
-        present = [k for k in keys if k in logged] if keys else times
+        present = [k for key in keys for k in _logged(key, logged)] if keys else times
         if present:
             out.append((title, present))
     return out
+
+
+def _logged(key: str, logged: set[str]) -> list[str]:
+    """``key`` if it was logged; for a key ending in ``/``, every logged key under it."""
+    if key.endswith("/"):
+        return sorted(k for k in logged if k.startswith(key))
+    return [key] if key in logged else []
 
 
 def plot_run(run_dir: Path, output: Path | None = None) -> Path:

@@ -21,7 +21,7 @@ from rl_core.rewards.combine import NamedRewardSource, score
 
 if TYPE_CHECKING:
     from rl_core.base.schema import Config
-    from rl_core.contracts.protocols import EpisodeDriver, MetricsLogger, RolloutEngine, TrainingBackend
+    from rl_core.contracts.protocols import EpisodeDriver, MetricsLogger, Rollout, RolloutEngine, TrainingBackend
     from rl_core.outputs.checkpoint import CheckpointManager
     from rl_core.outputs.console import RunConsole
     from rl_core.training.episodes import EnvironmentRunner
@@ -118,6 +118,15 @@ class RunContext:
             log_samples = getattr(logger, "log_samples", None)
             if log_samples is not None:
                 log_samples(step, rows)
+
+    def preflight(
+        self, step: int, rollouts: Sequence[Rollout], rewards: Sequence[float], metrics: Mapping[str, float]
+    ) -> None:
+        """Step 1's rollouts (and their reward ``metrics``), before its update: their learning signal said, and a
+        run without any warned or stopped (``health.preflight``; ``rl_core.training.signal``)."""
+        if step == 1 and self.watch is not None:
+            fired = {k.removeprefix("signal/fired/"): v for k, v in metrics.items() if k.startswith("signal/fired/")}
+            self.watch.preflight(rollouts, rewards, fired, self.config.health.preflight, self.console.info)
 
     # -- rewards ----------------------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from rl_core.base.errors import InputError
 from rl_core.contracts.protocols import Rollout
 
 #: steps a condition must hold (the first check is at this step), and steps between two warnings of one kind
@@ -112,6 +113,48 @@ class SignalWatch:
                         "grpo.num_generations_per_prompt or policy.generation.temperature, or give the reward "
                         "partial credit"))  # fmt: skip
         return out
+
+    def preflight(self, rollouts: Sequence[Rollout], rewards: Sequence[float], fired: Mapping[str, float],
+                  mode: str, say: Callable[[str], None]) -> None:  # fmt: skip
+        """Step 1's rollouts before the first update: one line (``say``) of their rewards, truncation and groups;
+        without any learning signal, the fix, warned or (``mode == "stop"``) raised as an ``InputError``."""
+        if mode == "off" or not rewards:
+            return
+        f = signal_metrics(rollouts, rewards, self.limit)
+        n = len(rewards)
+        cut = sum(r.finish_reason == "length" for r in rollouts) / n
+        sources = ", ".join(f"{name} {share:.0%}" for name, share in fired.items())
+        groups = f.get("signal/equal_reward_groups")
+        say(
+            f"preflight: step 1's {n} samples, before any update: reward mean {sum(rewards) / n:.3g}, non-zero "
+            f"{f['signal/reward_nonzero']:.0%}{f' ({sources})' if sources else ''}, cut at {self.limit_key} {cut:.0%}"
+            + (f", prompts whose samples all scored alike {groups:.0%}" if groups is not None else "")
+        )
+        if f["signal/reward_spread"] != 0 and groups != 1.0:
+            return
+        fixes = []
+        if cut >= 0.5:
+            fixes.append(f"raise {self.limit_key} ({cut:.0%} of the responses were cut at {self.limit})")
+        if f["signal/reward_spread"] == 0 and rewards[0] == 0:
+            fixes.append("check that the reward reads what the model writes (the answer's format, data.answer_key), "
+                         "or teach the format first (warmup_recipe)")  # fmt: skip
+        elif f["signal/reward_spread"] == 0:
+            fixes.append("the task is too easy for this model, or the reward ignores the response")
+        else:
+            fixes.append("raise grpo.num_generations_per_prompt or policy.generation.temperature, or give the "
+                         "reward partial credit")  # fmt: skip
+        message = (
+            (
+                f"no learning signal in step 1: every sample scored {rewards[0]:.4g}"
+                if f["signal/reward_spread"] == 0
+                else "no learning signal in step 1: each prompt's samples all scored alike"
+            )
+            + f"{self._example()}; "
+            + "; ".join(fixes)
+        )
+        if mode == "stop":
+            raise InputError(f"{message} (health.preflight: warn to go on anyway)")
+        self.warn(f"{message} (health.preflight: stop ends such a run here)")
 
     def _example(self) -> str:
         if self.sample is None:
