@@ -245,9 +245,9 @@ def heldout_metrics(scored: ScoredRollouts, k: int, threshold: float = 1.0) -> d
     }
 
 
-def rollout_metrics(scored: ScoredRollouts, seconds: float, limit: int) -> dict[str, float]:
+def rollout_metrics(scored: ScoredRollouts, seconds: float, limit: int | None = None) -> dict[str, float]:
     """A step's rollout figures, the learning-signal ones (``rl_core.training.signal``) included; ``limit``: the
-    responses' token limit."""
+    responses' token limit (``response_limit``; without it, no ``signal/length_of_limit``)."""
     n = len(scored.rollouts)
     tokens = sum(len(r.token_ids) for r in scored.rollouts)
     return {

@@ -22,17 +22,18 @@ WINDOW, REPEAT = 3, 20
 TRUNCATED = 0.9
 
 
-def signal_metrics(rollouts: Sequence[Rollout], rewards: Sequence[float], limit: int) -> dict[str, float]:
+def signal_metrics(rollouts: Sequence[Rollout], rewards: Sequence[float], limit: int | None) -> dict[str, float]:
     """A step's figures: samples, the share with a non-zero reward, the rewards' spread (max - min), the mean
-    response length as a share of ``limit`` (its token limit) and, where prompts have several samples, the share of
-    prompts whose samples' rewards are all equal."""
+    response length as a share of ``limit`` (its token limit, when known) and, where prompts have several samples,
+    the share of prompts whose samples' rewards are all equal."""
     n = max(len(rewards), 1)
     out = {
         "signal/samples": float(len(rewards)),
         "signal/reward_nonzero": sum(r != 0 for r in rewards) / n,
         "signal/reward_spread": (max(rewards) - min(rewards)) if rewards else 0.0,
-        "signal/length_of_limit": sum(len(r.token_ids) for r in rollouts) / n / max(limit, 1),
     }
+    if limit is not None:
+        out["signal/length_of_limit"] = sum(len(r.token_ids) for r in rollouts) / n / max(limit, 1)
     groups: dict[int, list[float]] = {}
     for rollout, reward in zip(rollouts, rewards, strict=True):
         groups.setdefault(rollout.prompt_index, []).append(reward)
