@@ -253,7 +253,7 @@ class Endpoint:
         calls = await self._calls(session, episode, ids, text, params)
         tok = session.tokenizer
         texts = [tok.decode(list(c.token_ids), skip_special_tokens=True) for c in calls]
-        with_logprobs = body.get("logprobs") == 0
+        with_logprobs = body.get("logprobs") == 0 and body.get("logprobs") is not False
         reply = Completion(
             id=f"cmpl-{uuid.uuid4().hex}",
             object="text_completion",

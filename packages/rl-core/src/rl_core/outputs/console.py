@@ -26,6 +26,8 @@ SHOWN = (
     ("train/loss", "loss"),
     ("train/kl", "kl"),
     ("health/logprob_mismatch", "mismatch"),
+    ("signal/equal_reward_groups", "alike"),
+    ("truncated_fraction", "cut"),
     ("tokens_per_second", "tok/s"),
 )
 
