@@ -4,8 +4,7 @@ checks that its recipe runs raise no false alarm."""
 import json
 from pathlib import Path
 
-from rl_core.training.rollouts import limit_setting
-from rl_core.training.signal import SignalWatch
+from rl_core.training.signal import SignalWatch, limit_setting
 
 
 def signal_warnings(run: Path, config) -> list[str]:

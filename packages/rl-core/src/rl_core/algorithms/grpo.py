@@ -158,7 +158,7 @@ def grpo_step(
     scored = produce(ctx, cfg, sampler, step, phases)
     gen_seconds = time.perf_counter() - start
     ctx.keep_samples(step, scored.transcripts)
-    ctx.preflight(step, scored.rollouts, scored.rewards, scored.metrics)
+    ctx.check_signal(step, scored.rollouts, scored.rewards, scored.metrics, scored.transcripts)
     metrics = train_on(ctx, cfg, scored, loss_fn, step, phases, on_policy=True)
     metrics.update(refit_metrics(ctx, phases))
     return {
@@ -314,7 +314,7 @@ class AsyncGRPO:
             scored, gen_seconds = self.producer.take(step)
         staleness = (step - 1) - generating_version(step, self.cfg.ahead)
         self.ctx.keep_samples(step, scored.transcripts)
-        self.ctx.preflight(step, scored.rollouts, scored.rewards, scored.metrics)
+        self.ctx.check_signal(step, scored.rollouts, scored.rewards, scored.metrics, scored.transcripts)
         metrics = train_on(self.ctx, self.cfg, scored, self.loss_fn, step, phases, on_policy=staleness == 0)
         with phases("wait_rollouts"):
             self.producer.wait_made(step + self.cfg.ahead)  # the engine is idle: no request crosses the refit

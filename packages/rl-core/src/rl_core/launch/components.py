@@ -34,8 +34,6 @@ from rl_core.plugins.specs import (
 from rl_core.rewards.combine import NamedRewardSource
 from rl_core.training.context import RunContext
 from rl_core.training.episodes import EnvironmentRunner
-from rl_core.training.rollouts import limit_setting
-from rl_core.training.signal import SignalWatch
 
 T = TypeVar("T")
 
@@ -129,7 +127,6 @@ def build_components(
         environment=environment,
         critic=models.get("critic"),
         startup=startup,
-        watch=SignalWatch(*limit_setting(config), warn=console.warn),
     )
 
 

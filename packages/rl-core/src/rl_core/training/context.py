@@ -18,6 +18,7 @@ import attrs
 from rl_core.base.schema import dump_yaml
 from rl_core.distributed.placement import Device
 from rl_core.rewards.combine import NamedRewardSource, score
+from rl_core.training.signal import SignalWatch, limit_setting
 
 if TYPE_CHECKING:
     from rl_core.base.schema import Config
@@ -91,8 +92,14 @@ class RunContext:
     critic: TrainingBackend | None = None
     #: seconds per start-up phase of this process (``rl_core.launch``), logged with its first step as ``startup/*``.
     startup: dict[str, float] = attrs.Factory(dict)
-    #: reads each step's learning-signal figures and warns when they show the run cannot learn
-    watch: SignalWatch | None = None
+    #: reads each step's learning-signal figures and warns when they show the run cannot learn (a run's, with a
+    #: console: not a context that drives episodes alone)
+    watch: SignalWatch | None = attrs.field(
+        default=attrs.Factory(
+            lambda self: SignalWatch(*limit_setting(self.config), warn=self.console.warn) if self.console else None,
+            takes_self=True,
+        )
+    )
 
     def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]], *, split: str = "train") -> None:
         """A few rollouts (prompt, turns, reward; grouped by prompt) to RUN_DIR/samples.jsonl and to each logger that
@@ -100,8 +107,6 @@ class RunContext:
         prompt, at most ``logger.max_samples`` rows, at step 1 (the model before any update), every
         ``logger.save_samples_every`` steps and at every validation (``split="val"``)."""
 
-        if self.watch is not None and split == "train":
-            self.watch.saw(transcripts)
         cfg = self.config.logger
         due = split != "train" or step == 1 or step % cfg.save_samples_every == 0
         if not (transcripts and cfg.save_samples_every and due):
@@ -119,12 +124,21 @@ class RunContext:
             if log_samples is not None:
                 log_samples(step, rows)
 
-    def preflight(
-        self, step: int, rollouts: Sequence[Rollout], rewards: Sequence[float], metrics: Mapping[str, float]
+    def check_signal(
+        self,
+        step: int,
+        rollouts: Sequence[Rollout],
+        rewards: Sequence[float],
+        metrics: Mapping[str, float],
+        transcripts: Sequence[Mapping[str, Any]],
     ) -> None:
-        """Step 1's rollouts (and their reward ``metrics``), before its update: their learning signal said, and a
-        run without any warned or stopped (``health.preflight``; ``rl_core.training.signal``)."""
-        if step == 1 and self.watch is not None:
+        """A step's rollouts (their reward ``metrics``, their ``transcripts``), before its update: one kept for the
+        warnings that quote a response; step 1's learning signal said, and a run without any warned or stopped
+        (the preflight: ``health.preflight``; ``rl_core.training.signal``)."""
+        if self.watch is None:
+            return
+        self.watch.saw(transcripts)
+        if step == 1:
             fired = {k.removeprefix("signal/fired/"): v for k, v in metrics.items() if k.startswith("signal/fired/")}
             self.watch.preflight(rollouts, rewards, fired, self.config.health.preflight, self.console.info)
 

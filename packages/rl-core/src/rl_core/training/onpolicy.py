@@ -82,7 +82,7 @@ def sample_on_policy(ctx: RunContext, cfg: RolloutLoopConfig, sampler: EpochSamp
     params = sampling(ctx, cfg.num_generations_per_prompt, seed=step_seed(ctx, step))
     scored = generate_and_score(ctx, sampler.next(), params, phases, cfg.rollout_micro_batch_size)
     ctx.keep_samples(step, scored.transcripts)
-    ctx.preflight(step, scored.rollouts, scored.rewards, scored.metrics)
+    ctx.check_signal(step, scored.rollouts, scored.rewards, scored.metrics, scored.transcripts)
     if scored.earlier or not all(scored.keep or ()):
         raise InputError(
             "this algorithm trains one sample per episode: an agent's split or dropped episodes are trained by "

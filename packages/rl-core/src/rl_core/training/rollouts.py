@@ -18,21 +18,12 @@ from rl_core.distributed.placement import colocated as colocated_on
 from rl_core.training.context import Phases, RunContext
 from rl_core.training.episodes import EnvironmentRunner, run_episodes
 from rl_core.training.health import weight_sync_failed
-from rl_core.training.signal import signal_metrics
+from rl_core.training.signal import limit_setting, signal_metrics
 
 
 def response_limit(ctx: RunContext) -> int:
-    """The token limit of a response: an episode's turn's (``environment.max_tokens_per_turn``), else
-    ``policy.generation.max_new_tokens``."""
+    """The token limit of a response (``rl_core.training.signal.limit_setting``)."""
     return limit_setting(ctx.config)[1]
-
-
-def limit_setting(config: Any) -> tuple[str, int]:
-    """The config key that limits a response, and its value."""
-    turn = config.environment.max_tokens_per_turn if config.environment.name else None
-    if turn is not None:
-        return "environment.max_tokens_per_turn", int(turn)
-    return "policy.generation.max_new_tokens", int(config.policy.generation.max_new_tokens)
 
 
 def sampling(ctx: RunContext, n: int, seed: int, *, greedy: bool = False) -> SamplingParams:

@@ -22,6 +22,15 @@ WINDOW, REPEAT = 3, 20
 TRUNCATED = 0.9
 
 
+def limit_setting(config: Any) -> tuple[str, int]:
+    """The config key that limits a response, and its value: an episode's turn's
+    (``environment.max_tokens_per_turn``), else ``policy.generation.max_new_tokens``."""
+    turn = config.environment.max_tokens_per_turn if config.environment.name else None
+    if turn is not None:
+        return "environment.max_tokens_per_turn", int(turn)
+    return "policy.generation.max_new_tokens", int(config.policy.generation.max_new_tokens)
+
+
 def signal_metrics(rollouts: Sequence[Rollout], rewards: Sequence[float], limit: int | None) -> dict[str, float]:
     """A step's figures: samples, the share with a non-zero reward, the rewards' spread (max - min), the mean
     response length as a share of ``limit`` (its token limit, when known) and, where prompts have several samples,
