@@ -121,7 +121,8 @@ def main() -> None:
             f"{ROWS} rows x {EPISODES_PER_ROW} episodes of {MAX_TURNS} turns ({TOKENS_PER_TURN} tokens a turn) on "
             f"{args.model}, vLLM's in-process engine, lockstep, seed 1; median of {args.reps} batches each, the sides "
             "alternating. Both sides sampled the same tokens (checked). The agent side's extra time is HTTP, the "
-            "openai client and re-encoding the agent's text (its earlier ids reused, the tool's answers tokenized)."
+            "openai client, re-encoding the agent's text (its earlier ids reused, the tool's answers tokenized) and "
+            "each agent's own thread and event loop (what keeps one agent from stalling the endpoint or the others)."
         ),
     )
 
