@@ -18,8 +18,8 @@ class Answer:
     content: str
     calls: tuple[ToolCall, ...]
     call: Call
-    #: each sampled token as text, for logprobs
-    tokens: tuple[str, ...]
+    #: each sampled token as text, where the request asked for logprobs
+    tokens: tuple[str, ...] = ()
 
     @property
     def finish(self) -> str:
@@ -27,11 +27,11 @@ class Answer:
         return "tool_calls" if self.calls else self.call.finish_reason
 
 
-def answer(parsed: Parsed, call: Call, tokenizer: Any) -> Answer:
-    tokens = tuple(tokenizer.decode([t]) for t in call.token_ids)
+def token_texts(tokenizer: Any, ids: tuple[int, ...]) -> list[str]:
+    """Each token of ``ids`` as text, as the APIs' logprobs name them."""
+    return [tokenizer.decode([t]) for t in ids]
+
+
+def answer(parsed: Parsed, call: Call, tokenizer: Any, logprobs: bool) -> Answer:
+    tokens = tuple(token_texts(tokenizer, call.token_ids)) if logprobs else ()
     return Answer(content=parsed.content, calls=parsed.calls, call=call, tokens=tokens)
-
-
-def usage(prompt_tokens: int, answers: list[Answer]) -> tuple[int, int]:
-    """(prompt tokens, completion tokens) of a request."""
-    return prompt_tokens, sum(len(a.call.token_ids) for a in answers)

@@ -27,7 +27,7 @@ from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.completion_choice import Logprobs
 
 from rl_agents import chat_api, messages_api, responses_api
-from rl_agents.answers import Answer, answer
+from rl_agents.answers import Answer, answer, token_texts
 from rl_agents.dispatch import Dispatcher
 from rl_agents.episode import AgentEpisode, Refused
 from rl_agents.requests import Asked, BadRequest, check_fields, positive, stops
@@ -145,8 +145,11 @@ class Endpoint:
         return await self._serve(request, "messages")
 
     async def _serve(self, request: Request, api: str) -> Any:
-        key = request.path_params.get("key") or request.headers.get("x-api-key") or ""
-        key = (key or request.headers.get("authorization", "").removeprefix("Bearer ")).strip()
+        key = (
+            request.path_params.get("key")
+            or request.headers.get("x-api-key")
+            or request.headers.get("authorization", "").removeprefix("Bearer ")
+        ).strip()
         if key not in self.live:
             return _error(401, "unknown API key: each episode has its own (the client the agent was given)", "auth")
         session, episode = self.live[key]
@@ -160,7 +163,9 @@ class Endpoint:
             render, parser = session.render(asked)
             ids, text = episode.chat_ids(asked.messages, render, session.tokenizer)
             params = session.sampling(episode, asked.max_tokens, asked.stop, asked.n)
-            answers = await self._sample(session, episode, ids, text, params, parser if asked.tools else None)
+            answers = await self._sample(
+                session, episode, (ids, text), params, parser if asked.tools else None, asked.logprobs
+            )
         except (BadRequest, ValueError, TypeError, KeyError) as exc:
             return _error(400, f"bad request: {exc}", "invalid_request_error")
         except Refused as refused:
@@ -181,14 +186,15 @@ class Endpoint:
         self,
         session: Session,
         episode: AgentEpisode,
-        ids: list[int],
-        text: str,
+        prompt: tuple[list[int], str],
         params: SamplingParams,
         parser: ToolParser | None,
+        logprobs: bool,
     ) -> list[Answer]:
-        """Sample ``params.n`` completions of ``ids`` for the episode, each recorded and, with tools offered, read for
-        tool calls."""
+        """Sample ``params.n`` completions of ``prompt`` (its ids and rendered text) for the episode, each recorded
+        and, with tools offered, read for tool calls."""
         tok = session.tokenizer
+        ids, text = prompt
         calls = await self._calls(session, episode, ids, text, params)
         answers = []
         for call in calls:
@@ -198,7 +204,7 @@ class Endpoint:
                 session.parse_errors += read.failed
                 parsed = read if read.calls else parsed
             episode.answered(call, text, parsed.content, [c.id for c in parsed.calls])
-            answers.append(answer(parsed, call, session.tokenizer))
+            answers.append(answer(parsed, call, tok, logprobs))
         return answers
 
     async def _calls(
@@ -264,7 +270,7 @@ class Endpoint:
                     index=i,
                     text=t,
                     finish_reason=c.finish_reason,
-                    logprobs=Logprobs(tokens=[tok.decode([x]) for x in c.token_ids], token_logprobs=list(c.logprobs))
+                    logprobs=Logprobs(tokens=token_texts(tok, c.token_ids), token_logprobs=list(c.logprobs))
                     if with_logprobs
                     else None,
                 )
