@@ -44,17 +44,17 @@ def write_formats(tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "arrow", "saved", "folder"])
-def test_every_format_datasets_reads_loads_the_same_rows(tmp_path: Path, kind: str):
+def test_every_format_datasets_reads_loads_the_same_rows(rl_registry, tmp_path: Path, kind: str):
     source = write_formats(tmp_path)[kind]
-    rows = load_split(DataConfig(train_path=str(source)), "train")
+    rows = load_split(DataConfig(train_path=str(source)), "train", rl_registry.task)
     assert [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows] == ROWS, kind
 
 
-def test_splits_of_a_saved_dataset_and_verl_shaped_rows(tmp_path: Path):
+def test_splits_of_a_saved_dataset_and_verl_shaped_rows(rl_registry, tmp_path: Path):
     saved = write_formats(tmp_path)["saved"]
-    assert len(load_split(DataConfig(val_path=str(saved), val_split="test"), "val")) == 2
+    assert len(load_split(DataConfig(val_path=str(saved), val_split="test"), "val", rl_registry.task)) == 2
     with pytest.raises(InputError, match="has the splits train, test; name one"):
-        load_split(DataConfig(val_path=str(saved), val_split="nope"), "val")
+        load_split(DataConfig(val_path=str(saved), val_split="nope"), "val", rl_registry.task)
     verl = tmp_path / "verl.jsonl"
     row = {
         "data_source": "toy",
@@ -62,26 +62,30 @@ def test_splits_of_a_saved_dataset_and_verl_shaped_rows(tmp_path: Path):
         "reward_model": {"style": "rule", "ground_truth": "4"},
     }
     verl.write_text(json.dumps(row) + "\n")
-    rows = load_split(DataConfig(train_path=str(verl), columns={"answer": "reward_model.ground_truth"}), "train")
+    rows = load_split(
+        DataConfig(train_path=str(verl), columns={"answer": "reward_model.ground_truth"}), "train", rl_registry.task
+    )
     assert rows[0]["answer"] == "4" and rows[0]["prompt"] == row["prompt"]
     with pytest.raises(InputError, match=r"row 0 has no 'reward_model.truth' \(data.columns.answer\)"):
-        load_split(DataConfig(train_path=str(verl), columns={"answer": "reward_model.truth"}), "train")
+        load_split(
+            DataConfig(train_path=str(verl), columns={"answer": "reward_model.truth"}), "train", rl_registry.task
+        )
 
 
-def test_a_bad_row_names_the_file_and_its_line_and_a_missing_path_the_rule(tmp_path: Path, capfd):
+def test_a_bad_row_names_the_file_and_its_line_and_a_missing_path_the_rule(rl_registry, tmp_path: Path, capfd):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{"prompt": oops}\n')
     with pytest.raises(InputError, match=r"bad.jsonl, line 4: not valid JSON"):
-        load_split(DataConfig(train_path=str(bad)), "train")
+        load_split(DataConfig(train_path=str(bad)), "train", rl_registry.task)
     with pytest.raises(ConfigError, match=r"no file or folder at /.*/missing.parquet \(a path in a config file is"):
-        load_split(DataConfig(train_path="missing.parquet"), "train")
+        load_split(DataConfig(train_path="missing.parquet"), "train", rl_registry.task)
     begun = time.monotonic()
     with pytest.raises(
         ConfigError, match=r"'someone/nothing' is neither a file or folder .* nor a dataset in the local"
     ):
-        load_split(DataConfig(train_path="someone/nothing"), "train")
+        load_split(DataConfig(train_path="someone/nothing"), "train", rl_registry.task)
     assert time.monotonic() - begun < 5, "offline: no wait on the network (it took ~25 s)"
-    load_split(DataConfig(train_path=str(write_formats(tmp_path)["parquet"])), "train")
+    load_split(DataConfig(train_path=str(write_formats(tmp_path)["parquet"])), "train", rl_registry.task)
     assert "Generating" not in capfd.readouterr().err, "no progress bars on the terminal"
 
 
@@ -102,7 +106,7 @@ def test_chat_message_prompts_are_rendered_token_for_token_with_the_template(tok
         render_prompt(tokenizer, DataConfig(), messages)
 
 
-def test_a_dataset_name_loads_from_the_local_datasets_cache_offline(tmp_path: Path, monkeypatch):
+def test_a_dataset_name_loads_from_the_local_datasets_cache_offline(rl_registry, tmp_path: Path, monkeypatch):
     """The datasets cache's own layout (ORG___NAME/default/0.0.0/HASH with NAME-train.arrow), as ``load_dataset``
     of a Hub dataset leaves it; nothing is downloaded."""
     import datasets
@@ -119,12 +123,12 @@ def test_a_dataset_name_loads_from_the_local_datasets_cache_offline(tmp_path: Pa
     folder = cache / "someone___rows" / "default" / "0.0.0" / ("0" * 16)
     (folder / "someone___rows-train.arrow").rename(folder / "rows-train.arrow")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    rows = load_split(DataConfig(train_path="someone/rows"), "train")
+    rows = load_split(DataConfig(train_path="someone/rows"), "train", rl_registry.task)
     assert [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows] == ROWS
     with pytest.raises(
         ConfigError, match=r"'someone/absent' is neither a file or folder .* nor a dataset in the local"
     ):
-        load_split(DataConfig(train_path="someone/absent"), "train")
+        load_split(DataConfig(train_path="someone/absent"), "train", rl_registry.task)
 
 
 def test_a_model_id_resolves_from_the_local_hugging_face_cache_offline(tmp_path: Path, monkeypatch, tiny_model_path):

@@ -1,4 +1,4 @@
-"""The reward-source example of docs/plugins.md, as written there: installed from the doc's own code blocks,
+"""The examples of docs/plugins.md and docs/environments.md, as written there: installed from the doc's own code blocks,
 discovered through its entry point, selected from a config, and certified by ``rl-core certify``."""
 
 import json
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def doc_files() -> dict[str, str]:
-    """The doc's code blocks that start with ``# file: PATH``, by path."""
-    text = (ROOT / "docs" / "plugins.md").read_text()
+    """The code blocks of docs/plugins.md and docs/environments.md that start with ``# file: PATH``, by path."""
+    text = "".join((ROOT / "docs" / name).read_text() for name in ("plugins.md", "environments.md"))
     blocks = re.findall(r"```(?:toml|python)\n# file: (\S+)\n(.*?)```", text, re.S)
     return {path: body for path, body in blocks}
 
@@ -67,6 +67,25 @@ def test_the_documented_environment_installs_and_certifies(tmp_path: Path):
         timeout=300,
     )
     assert card.returncode == 0 and json.loads(card.stdout)["passed"], card.stdout + card.stderr
+
+
+@pytest.mark.slow
+def test_the_documented_task_adapter_installs_and_certifies(tmp_path: Path):
+    assert {"rl-task-words/pyproject.toml", "rl-task-words/rl_task_words/__init__.py"} <= set(doc_files())
+    env = install_documented("rl-task-words", tmp_path)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=300
+        )
+
+    card = cli("certify", "words:reverse", "--option", "min_length=5", "--json")
+    assert card.returncode == 0, card.stdout + card.stderr
+    checks = json.loads(card.stdout)["checks"]
+    assert all(c["passed"] for c in checks) and len(checks) == 10, checks
+    wrong = cli("certify", "words:mirror", "--json")  # a failed check that says why, not a traceback
+    first = json.loads(wrong.stdout)["checks"][0]
+    assert wrong.returncode == 1 and "no puzzle 'mirror'; choose one of reverse, upper" in first["detail"], first
 
 
 @pytest.mark.slow

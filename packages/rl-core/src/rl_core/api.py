@@ -4,7 +4,7 @@ Everything here is light to import (no torch, Ray or transformers at import time
 import it. What is not re-exported here is internal and may change between minor versions; tests use
 ``rl_core.testing`` as well (fixtures, conformance checks, ``certify``).
 
-- Registration: ``hookimpl`` and the records a registration hook returns (``TrainingBackendSpec``, ...).
+- Registration: ``hookimpl`` and the records a registration hook returns (``TrainingBackendSpec``, ``TaskSpec``, ...).
 - Contracts: the protocols a component implements and the records it exchanges with the core.
 - Batches: the ``batch`` helpers module (layout, shards, micro-batches, padding) and its ``TypedDict``s; ``tokens``
   (log-probabilities from logits, packing, shared-prefix splits) for backends that run the model themselves. Every batch: ``input_ids`` [B, T] long (right
@@ -103,6 +103,7 @@ from rl_core.plugins.specs import (
     LoggerSpec,
     RewardSourceSpec,
     RolloutEngineSpec,
+    TaskSpec,
     TrainingBackendSpec,
     lazy,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "Device",
     "Environment",
     "EnvironmentSpec",
+    "TaskSpec",
     "EpochSampler",
     "Example",
     "FileWeights",

@@ -29,6 +29,7 @@ from rl_core.__about__ import __version__
 from rl_core.base.errors import InputError, RLCoreError
 from rl_core.base.schema import to_dict
 from rl_core.certify import certify
+from rl_core.certify.command import KIND_FLAGS
 from rl_core.config.loader import load_config
 from rl_core.config.reference import config_reference
 from rl_core.data.prompts import load_split
@@ -195,7 +196,7 @@ def dry_run(config: Any, registry: Registry) -> int:
     val_key = f"{chosen.algorithm.config_key}.max_val_samples"
     val_limit = getattr(config.sections.get(chosen.algorithm.config_key or ""), "max_val_samples", None)
     for split in ("train", "val"):
-        rows = len(load_split(config.data, split))
+        rows = len(load_split(config.data, split, registry.task))
         line = f"{split}: {rows} rows"
         if split == "val" and val_limit is not None:
             line += f"; each validation uses {min(rows, val_limit)} ({val_key}: {val_limit})"
@@ -363,9 +364,12 @@ def _add_certify(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "certify",
         parents=[common],
-        help="check a training backend, rollout engine, reward source, environment or algorithm for silent wrongness",
+        help="check a training backend, rollout engine, reward source, environment, algorithm or task for silent "
+        "wrongness",
     )
-    p.add_argument("name", help="the component's registered name (rl-core plugins lists them)")
+    p.add_argument(
+        "name", help="the component's registered name (rl-core plugins lists them); a task as data.task names it"
+    )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -374,7 +378,7 @@ def _add_certify(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kind",
-        choices=["backend", "engine", "reward", "environment", "algorithm"],
+        choices=sorted(KIND_FLAGS),
         help="when a name is registered as several",
     )
     p.add_argument("--quick", action="store_true", help="fewer refit routes and batch splits (under 2 minutes)")
@@ -383,8 +387,8 @@ def _add_certify(sub: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a setting of the component's own config section (an engine's, a backend's, an algorithm's) or a reward source's "
-        "or environment's options",
+        help="a setting of the component's own config section (an engine's, a backend's, an algorithm's), a reward "
+        "source's or environment's options, or a task's data.task_options",
     )
     p.add_argument("--data", type=Path, help="an environment's dataset rows (JSONL) to start episodes from")
     p.add_argument("--json", action="store_true")

@@ -193,7 +193,7 @@ class ClusterConfig:
 @attrs.frozen(kw_only=True)
 class DataConfig:
     """Prompt data: files (JSONL, JSON, Parquet, CSV, Arrow), folders (of such files, or saved by ``datasets``'
-    ``save_to_disk``), datasets in the local Hugging Face cache by name, or a built-in synthetic task. A path in a
+    ``save_to_disk``), datasets in the local Hugging Face cache by name, or a generated task (the core's or a plugin's). A path in a
     config file is relative to that file; on the command line, to the current folder."""
 
     #: training rows: a file, a folder, or a dataset name in the local Hugging Face cache (offline).
@@ -211,20 +211,22 @@ class DataConfig:
     #: render prompts with the tokenizer's chat template: ``auto`` those that are chat messages (a list of
     #: ``{role, content}``), ``always`` text prompts too (as one user message), ``never`` none (messages are refused).
     chat_template: Literal["auto", "always", "never"] = "auto"
-    #: built-in synthetic task, used when no path is given: ``parity`` ("Even or odd? 4 8 1 7" -> " odd"),
-    #: ``parity_format`` (the same with coin-flip answers: a format-only SFT warm-up), ``addition`` (single digits),
-    #: ``calculator`` (two-digit sums, for the calculator environment), ``calculator_format`` (its SFT warm-up:
-    #: transcripts that use the calculator 40% of the time and guess otherwise) or ``guess_number``.
-    task: Literal["parity", "parity_format", "addition", "calculator", "calculator_format", "guess_number"] | None = (
-        None
-    )
-    #: rows a built-in task generates for training / validation.
+    #: a generated task, used when no path is given: ``NAME``, or ``NAME:VARIANT`` for a plugin's task with variants
+    #: (``reasoning_gym:basic_arithmetic`` with rl-env-reasoning-gym; ``rl-core plugins`` lists the tasks). The
+    #: core's: ``parity`` ("Even or odd? 4 8 1 7" -> " odd"), ``parity_format`` (the same with coin-flip answers: a
+    #: format-only SFT warm-up), ``addition`` (single digits), ``calculator`` (two-digit sums, for the calculator
+    #: environment), ``calculator_format`` (its SFT warm-up: transcripts that use the calculator 40% of the time and
+    #: guess otherwise) or ``guess_number``.
+    task: str | None = None
+    #: the task's own options (a plugin's task: its generator's settings; the core's tasks take none).
+    task_options: dict[str, Any] = attrs.Factory(dict)
+    #: rows the task generates for training.
     num_train: int = attrs.field(default=2048, validator=_pos)
-    #: rows a built-in task generates for validation.
+    #: rows the task generates for validation (fewer when some repeat a training prompt).
     num_val: int = attrs.field(default=64, validator=_pos)
     #: the field holding the prompt; the others are metadata for the rewards.
     prompt_key: str = "prompt"
-    #: seed of the built-in task generator.
+    #: seed of the task's generator (validation rows come from another seed).
     seed: int = 0
 
 

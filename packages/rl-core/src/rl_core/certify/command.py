@@ -16,6 +16,7 @@ from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import Card
 from rl_core.certify.engine import certify_engine
 from rl_core.certify.reward import certify_environment, certify_reward_source
+from rl_core.certify.task import certify_task
 from rl_core.config.loader import load_config, structure_section
 from rl_core.data.prompts import TASKS, load_jsonl
 from rl_core.data.tiny_models import ensure_tiny_model
@@ -28,6 +29,7 @@ from rl_core.plugins.specs import (
     EnvironmentSpec,
     RewardSourceSpec,
     RolloutEngineSpec,
+    TaskSpec,
     TrainingBackendSpec,
 )
 
@@ -43,6 +45,7 @@ KIND_FLAGS: dict[str, type[ComponentSpec]] = {
     "reward": RewardSourceSpec,
     "environment": EnvironmentSpec,
     "algorithm": AlgorithmSpec,
+    "task": TaskSpec,
 }
 
 
@@ -60,7 +63,12 @@ def certify(
     """Build the component ``name`` from the registry and certify it: ``options`` are settings of its own section
     (or a reward source's or environment's options), ``overrides`` config overrides for the runs certify builds
     (backends, engines, algorithms). Ctrl-C returns the card so far."""
-    kinds = [k for flag, k in KIND_FLAGS.items() if name in registry.specs(k) and kind in (None, flag)]
+    # a task is named as data.task names it: NAME or NAME:VARIANT
+    kinds = [
+        k
+        for flag, k in KIND_FLAGS.items()
+        if (name.partition(":")[0] if k is TaskSpec else name) in registry.specs(k) and kind in (None, flag)
+    ]
     if not kinds:
         raise PluginError(registry.why_missing(TrainingBackendSpec, name).replace("training backend", "component"))
     if len(kinds) > 1:
@@ -73,6 +81,8 @@ def certify(
             opts = _options(spec.config_class, f"reward source {name}", options)
             source = started("reward source", spec, lambda: spec.factory(opts))
             return certify_reward_source(source, card=card)
+        if which is TaskSpec:
+            return _certify_task(name, registry, options, card)
         if which is EnvironmentSpec:
             return _certify_environment(registry.get(EnvironmentSpec, name), options, data, card)
         if which is AlgorithmSpec:
@@ -102,14 +112,30 @@ def _certify_environment(spec: EnvironmentSpec, options: Sequence[str], data: Pa
     return certify_environment(env, rows, actions, card=card)
 
 
-def _options(config_class: type | None, name: str, options: Sequence[str]) -> Any:
+def _certify_task(name: str, registry: Registry, options: Sequence[str], card: Card) -> Card:
+    """On the task's rows (``--option key=value``: its ``data.task_options``), with the reward sources it names."""
+    task = registry.task(name.partition(":")[0])
+    given = _given(options)
+    sources = {}
+    for source_name in task.reward_sources:
+        spec = registry.get(RewardSourceSpec, source_name)
+        sources[source_name] = started("reward source", spec, lambda spec=spec: spec.factory(None))
+    return certify_task(task, name, given, sources, card=card)
 
+
+def _given(options: Sequence[str]) -> dict[str, Any]:
+    """``--option key=value`` items as a dict, each value read as YAML."""
     given = {}
     for item in options:
         key, sep, value = item.partition("=")
         if not sep:
             raise InputError(f"--option {item!r}: give key=value")
         given[key] = yaml.safe_load(value)
+    return given
+
+
+def _options(config_class: type | None, name: str, options: Sequence[str]) -> Any:
+    given = _given(options)
     return structure_section(config_class, given, name) if config_class else None
 
 

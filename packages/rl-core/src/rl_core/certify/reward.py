@@ -37,12 +37,12 @@ def totals(values: Sequence[Any]) -> list[float]:
     return [float(sum(v.values())) if isinstance(v, Mapping) else float(v) for v in values]
 
 
-def certify_reward_source(source: RewardSource, *, card: Card | None = None) -> Card:
-    """Certify a reward source on ``reward_samples()``: values, order, batch-split invariance, concurrency and
-    clear errors on bad input."""
+def certify_reward_source(source: RewardSource, *, card: Card | None = None, samples: Samples | None = None) -> Card:
+    """Certify a reward source on ``samples`` (prompts, responses, metadata; default ``reward_samples()``): values,
+    order, batch-split invariance, concurrency and clear errors on bad input."""
 
     card = card or Card("reward source", type(source).__name__)
-    samples = reward_samples()
+    samples = samples or reward_samples()
     card.run("implements the protocol", "RewardSource", lambda: (isinstance(source, Protocol), "yes"))
     whole: list[float] = []  # the rewards of the whole batch, which the later checks compare against
 

@@ -1,6 +1,6 @@
 """Prompt and example data, through ``datasets``: local files (JSONL, JSON, Parquet, CSV, Arrow), folders (of such
 files, or written by ``save_to_disk``), datasets already in the local Hugging Face cache (by name, offline), or
-built-in synthetic tasks generated from a seed. Each example is a dict; the prompt lives under ``data.prompt_key``
+tasks generated from a seed (the core's below, and plugins' through ``rl_tasks``). Each example is a dict; the prompt lives under ``data.prompt_key``
 (text, or a list of chat messages rendered with the tokenizer's chat template), everything else is metadata handed
 to the reward sources (``data.columns`` maps fields to nested keys, as in verl's ``reward_model.ground_truth``).
 
@@ -9,15 +9,32 @@ Paths: one in a config file is relative to that file, one on the command line to
 from __future__ import annotations
 
 import json
+import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from rl_core.base.errors import ConfigError, InputError
+from rl_core.base.errors import ConfigError, InputError, PluginError
 from rl_core.base.schema import DataConfig
 
 Example = dict[str, Any]
+log = logging.getLogger(__name__)
+
+
+class Task(Protocol):
+    """What ``data.task`` names: a registered ``rl_core.plugins.specs.TaskSpec``."""
+
+    @property
+    def package(self) -> str: ...
+    @property
+    def variants(self) -> bool: ...
+    @property
+    def generate(self) -> Callable[[str, Mapping[str, Any], int, int], list[Example]]: ...
+
+
+#: finds the task of a name, or raises ``PluginError`` saying what to install (``Registry.task``)
+FindTask = Callable[[str], Task]
 
 
 def parity_task(n: int, seed: int, *, random_labels: bool = False) -> list[Example]:
@@ -47,6 +64,7 @@ def addition_task(n: int, seed: int, *, random_labels: bool = False) -> list[Exa
 
 
 def parity_format_task(n: int, seed: int) -> list[Example]:
+    """The parity questions with coin-flip answers: an SFT warm-up that teaches the format, not the rule."""
     return parity_task(n, seed, random_labels=True)
 
 
@@ -241,32 +259,54 @@ def nested(row: Example, dotted: str) -> Any:
     return value
 
 
-def load_split(cfg: DataConfig, split: str) -> list[Example]:
-    """The ``train`` or ``val`` examples that ``cfg`` names. Built-in tasks draw val from another seed, so the
-    held-out prompts are disjoint from training ones up to chance repeats."""
+def load_split(cfg: DataConfig, split: str, find_task: FindTask) -> list[Example]:
+    """The ``train`` or ``val`` examples that ``cfg`` names. A task (``data.task``, the core's or a plugin's, which
+    ``find_task`` finds) draws val from another seed, without the prompts training has, so the held-out prompts are
+    disjoint from training ones."""
     path = cfg.train_path if split == "train" else cfg.val_path
     key = "data.train_path" if split == "train" else "data.val_path"
     if path:
         rows = load_rows(path, cfg.train_split if split == "train" else cfg.val_split, key)
     elif cfg.task:
-        if cfg.task not in TASKS:
-            raise ConfigError(f"data.task: unknown task {cfg.task!r}; choose one of {', '.join(TASKS)}")
-        n, seed = (cfg.num_train, cfg.seed) if split == "train" else (cfg.num_val, cfg.seed + 1_000_003)
-        rows = TASKS[cfg.task](n, seed)
-        if split == "val":
-            train_prompts = {r["prompt"] for r in TASKS[cfg.task](cfg.num_train, cfg.seed)}
-            rows = [r for r in rows if r["prompt"] not in train_prompts] or rows
+        rows = task_rows(cfg, split, find_task)
     elif split == "val":
         return []
     else:
         raise ConfigError(
             "no training data: set data.train_path (a file, a folder, or a dataset in the local Hugging Face cache) "
-            "or data.task (a built-in task)"
+            "or data.task (a generated task: rl-core plugins lists them)"
         )
     rows = [_mapped(row, cfg, key, number) for number, row in enumerate(rows)]
     if rows and cfg.prompt_key not in rows[0] and "messages" not in rows[0]:
         raise InputError(f"{split} data has no {cfg.prompt_key!r} field (data.prompt_key); fields: {sorted(rows[0])}")
     return rows
+
+
+def task_rows(cfg: DataConfig, split: str, find_task: FindTask) -> list[Example]:
+    """The rows ``data.task`` (``NAME`` or ``NAME:VARIANT``) generates for ``split``."""
+    name, sep, variant = str(cfg.task).partition(":")
+    try:
+        spec = find_task(name)
+    except PluginError as exc:
+        raise ConfigError(f"data.task: {exc}") from None
+    if bool(sep) != spec.variants:
+        form = f"'{name}:VARIANT'" if spec.variants else f"{name!r}, without ':{variant}'"
+        raise ConfigError(f"data.task: the task {name!r} ({spec.package or 'a plugin'}) is named as {form}")
+    options = dict(cfg.task_options)
+    train = spec.generate(variant, options, cfg.num_train, cfg.seed)
+    if split == "train":
+        return train
+    seen = {json.dumps(r.get(cfg.prompt_key), sort_keys=True, default=str) for r in train}
+    rows = spec.generate(variant, options, cfg.num_val, cfg.seed + 1_000_003)
+    unseen = [r for r in rows if json.dumps(r.get(cfg.prompt_key), sort_keys=True, default=str) not in seen]
+    if not unseen:
+        log.warning(
+            "data.task %s: every validation prompt is also a training prompt (the task has few distinct ones), so "
+            "validation measures recall of trained prompts, not generalisation; widen the task's settings for a "
+            "held-out set",
+            cfg.task,
+        )
+    return unseen or rows
 
 
 def _mapped(row: Example, cfg: DataConfig, key: str, number: int) -> Example:

@@ -99,13 +99,8 @@ def build_components(
     if critic and make_critic is not None:
         starts["critic"] = start_backend("critic", make_critic(config), backend_spec, console, stack)
     if chosen.engine is not None:
-        engine_spec = registry.get(RolloutEngineSpec, chosen.engine.chosen.name)
-        console.info(
-            f"starting the rollout engine ({engine_spec.name}, {config.policy.generation.num_replicas} replica(s))..."
-        )
-        section = config.sections.get(engine_spec.config_key or "")
-        starts["engine"] = owned(
-            stack, lambda: started("rollout engine", engine_spec, lambda: engine_spec.factory(config, section))
+        starts["engine"] = start_engine(
+            config, registry.get(RolloutEngineSpec, chosen.engine.chosen.name), console, stack
         )
     # colocated on GPUs, the engine sizes its memory after the trainer has taken its own: one after the other
     began = time.perf_counter()
@@ -114,6 +109,7 @@ def build_components(
     return RunContext(
         config=config,
         hook=registry.hook,
+        find_task=registry.task,
         run_dir=prepared.run_dir,
         console=console,
         tokenizer=tokenizer,
@@ -128,6 +124,15 @@ def build_components(
         critic=models.get("critic"),
         startup=startup,
     )
+
+
+def start_engine(
+    config: Config, spec: RolloutEngineSpec, console: RunConsole, stack: contextlib.ExitStack
+) -> Callable[[], Any]:
+    """What starts the rollout engine, owned by ``stack``."""
+    console.info(f"starting the rollout engine ({spec.name}, {config.policy.generation.num_replicas} replica(s))...")
+    section = config.sections.get(spec.config_key or "")
+    return owned(stack, lambda: started("rollout engine", spec, lambda: spec.factory(config, section)))
 
 
 def start_all(

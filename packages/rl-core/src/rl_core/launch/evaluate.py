@@ -94,7 +94,7 @@ def run_eval(
     scratch = out / ".eval-run"
     config = eval_config(target, overrides, scratch, registry)
     limit = settings.max_rows if settings.max_rows is not None else default_rows(config, registry)
-    rows = load_split(config.data, settings.split)[:limit]
+    rows = load_split(config.data, settings.split, registry.task)[:limit]
     if not rows:
         raise InputError(f"no {settings.split} rows to evaluate on (data.num_{settings.split}, or the data files)")
     greedy = settings.temperature is None and settings.k == 1

@@ -126,7 +126,7 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole, *, trai
     config = attrs.evolve(config, policy=attrs.evolve(policy, reference_model_name=reference(policy)))
     selections = select(config, registry, device)
     for split in ("train", "val"):
-        load_split(config.data, split)  # missing files, unreadable JSONL, a missing prompt field: now
+        load_split(config.data, split, registry.task)  # missing files, unreadable JSONL, a missing prompt field: now
     atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     console.info(f"run folder {run_dir}")
     for line in selections.lines().values():

@@ -1,18 +1,20 @@
 """The core's own plugin (entry point ``core``, loaded like any other): the seven algorithm loops, the rule-based
-reward sources, the optional metrics loggers and the plain ``rl_step``."""
+reward sources, the built-in environments and tasks, the optional metrics loggers and the plain ``rl_step``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rl_core.algorithms import distill, dpo, grpo, ppo, reinforce, reward_model, sft
+from rl_core.base.errors import ConfigError
 from rl_core.base.schema import Config
 from rl_core.contracts.protocols import MetricsLogger, RewardSource
+from rl_core.data.prompts import TASKS, Example
 from rl_core.outputs.metrics import MlflowLogger, TensorBoardLogger, WandbLogger
 from rl_core.plugins.hookspecs import hookimpl
-from rl_core.plugins.specs import AlgorithmSpec, EnvironmentSpec, LoggerSpec, RewardSourceSpec
+from rl_core.plugins.specs import AlgorithmSpec, EnvironmentSpec, LoggerSpec, RewardSourceSpec, TaskSpec
 from rl_core.rewards import environments as env
 from rl_core.rewards import sources as rewards
 from rl_core.rewards.sources import ExactMatchConfig, NumberMatchConfig, RegexConfig
@@ -137,6 +139,37 @@ def rl_environments() -> list[EnvironmentSpec]:
             package="rl-core",
         ),
     ]
+
+
+#: the core's reward sources that score each core task's rows
+_TASK_SOURCES = {
+    "parity": ("exact_match",),
+    "parity_format": ("exact_match",),
+    "addition": ("exact_match", "number_match"),
+}
+
+
+def _builtin_task(name: str) -> TaskSpec:
+    generate = TASKS[name]
+
+    def rows(variant: str, options: Mapping[str, Any], n: int, seed: int) -> list[Example]:
+        if options:
+            raise ConfigError(f"data.task_options: the built-in task {name!r} takes none (given {sorted(options)})")
+        return generate(n, seed)
+
+    first_sentence = " ".join((generate.__doc__ or "").split()).split(". ")[0]
+    return TaskSpec(
+        name=name,
+        generate=rows,
+        reward_sources=_TASK_SOURCES.get(name, ()),
+        description=first_sentence,
+        package="rl-core",
+    )
+
+
+@hookimpl
+def rl_tasks() -> list[TaskSpec]:
+    return [_builtin_task(name) for name in TASKS]
 
 
 def _tensorboard(config: Config, run_dir: Path) -> MetricsLogger:

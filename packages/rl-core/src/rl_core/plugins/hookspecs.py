@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         LoggerSpec,
         RewardSourceSpec,
         RolloutEngineSpec,
+        TaskSpec,
         TrainingBackendSpec,
     )
 
@@ -67,6 +68,12 @@ def rl_reward_sources() -> list[RewardSourceSpec]:
 def rl_environments() -> list[EnvironmentSpec]:
     """Multi-turn environments, chosen by ``environment.name``. The core's ``calculator`` and ``guess_number``
     register here."""
+
+
+@hookspec
+def rl_tasks() -> list[TaskSpec]:
+    """Generated prompt data, chosen by ``data.task`` (``NAME`` or ``NAME:VARIANT``). The core's ``parity``,
+    ``addition``, ``calculator`` and the others register here."""
 
 
 @hookspec

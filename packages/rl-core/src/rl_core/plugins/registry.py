@@ -21,7 +21,7 @@ import pluggy
 
 from rl_core.base.errors import PluginError, closest
 from rl_core.plugins import hookspecs
-from rl_core.plugins.specs import KINDS, CliCommandSpec, ComponentSpec
+from rl_core.plugins.specs import KINDS, CliCommandSpec, ComponentSpec, TaskSpec
 
 if TYPE_CHECKING:
     from rl_core.training.context import HookRelay
@@ -44,6 +44,7 @@ FIRST_PARTY: dict[str, tuple[str, str]] = {
     "remote": ("reward_server", "rl-reward-server"),
     "math_verify": ("reward_server", "rl-reward-server"),
     "reward_model": ("reward_server", "rl-reward-server"),
+    "reasoning_gym": ("reasoning_gym", "rl-env-reasoning-gym"),
 }
 _FIRST_PARTY_KIND: dict[str, tuple[str, ...]] = {
     "training_backend": ("dtensor",),
@@ -251,6 +252,11 @@ class Registry:
         if found is None:
             raise PluginError(self.why_missing(kind, name))
         return found.spec
+
+    def task(self, name: str) -> TaskSpec:
+        """The task ``name`` (what ``data.task`` names before any ``:VARIANT``), or a PluginError saying what to
+        install."""
+        return self.get(TaskSpec, name)
 
     def why_missing(self, kind: type[Any] | str, name: str) -> str:
         """Why no ``kind`` is registered as ``name``, and what to do. A first-party component names the plugin

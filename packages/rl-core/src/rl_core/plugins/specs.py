@@ -8,7 +8,7 @@ Each record names a component, says which config section enables it (``config_ke
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -150,6 +150,27 @@ class EnvironmentSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class TaskSpec(ComponentSpec):
+    """Generated prompt data, chosen by ``data.task: NAME``, or ``NAME:VARIANT`` for a task with variants (one
+    dataset of a procedural library). ``generate(variant, options, n, seed) -> rows`` makes ``n`` rows (dicts: the
+    prompt under ``prompt``, a ``response`` for supervised warm-ups where there is one, and what the reward sources
+    read) from ``seed``, the same rows for the same arguments; ``options`` is ``data.task_options``. It raises
+    ``ConfigError`` for an unknown variant or a bad option, naming the key. The core draws the held-out rows from
+    another seed and drops those training has."""
+
+    kind = "task"
+    hook = "rl_tasks"
+    words = "task"
+
+    generate: Callable[[str, Mapping[str, Any], int, int], list[dict[str, Any]]]
+    #: whether the task is named with a variant (``NAME:VARIANT``); a task without variants refuses one.
+    variants: bool = False
+    #: the reward sources that score its rows (from the rows' ``response``-like answers); ``rl-core certify`` checks
+    #: each on the task's rows.
+    reward_sources: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class AlgorithmSpec(ComponentSpec):
     """An algorithm loop. ``run(context) -> dict`` runs it (``context`` a ``rl_core.training.context.RunContext``)
     and returns the final metrics.
@@ -211,6 +232,7 @@ SPEC_CLASSES: tuple[type[ComponentSpec] | type[CliCommandSpec], ...] = (
     RolloutEngineSpec,
     RewardSourceSpec,
     EnvironmentSpec,
+    TaskSpec,
     AlgorithmSpec,
     LoggerSpec,
     CliCommandSpec,

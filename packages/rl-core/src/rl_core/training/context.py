@@ -23,6 +23,7 @@ from rl_core.training.signal import SignalWatch, limit_setting
 if TYPE_CHECKING:
     from rl_core.base.schema import Config
     from rl_core.contracts.protocols import EpisodeDriver, MetricsLogger, Rollout, RolloutEngine, TrainingBackend
+    from rl_core.data.prompts import FindTask
     from rl_core.outputs.checkpoint import CheckpointManager
     from rl_core.outputs.console import RunConsole
     from rl_core.training.episodes import EnvironmentRunner
@@ -68,6 +69,8 @@ class RunContext:
     config: Config
     #: the lifecycle hooks of the run's plugins (``Registry.hook``).
     hook: HookRelay
+    #: the task of a name (``data.task``), from the run's plugins (``Registry.task``).
+    find_task: FindTask
     run_dir: Path
     console: RunConsole
     tokenizer: Any

@@ -64,8 +64,8 @@ def run_loop(
     checkpoint every ``checkpointing.save_period``. After a resume (or with a starting LoRA adapter), a rollout
     engine first gets the trainer's weights. The first step run logs the start-up's phases (``startup/*``) and the
     console estimates the rest of the run from it. Returns the last step's metrics."""
-    train = load_split(ctx.config.data, "train")
-    val = load_split(ctx.config.data, "val")[:max_val_samples]
+    train = load_split(ctx.config.data, "train", ctx.find_task)
+    val = load_split(ctx.config.data, "val", ctx.find_task)[:max_val_samples]
     state = ctx.resume()
     if ctx.engine is not None and (state is not None or ctx.config.policy.lora.adapter_path):
         refit(ctx)  # the engine starts from the base model: resumed weights, or a given adapter, go to it first

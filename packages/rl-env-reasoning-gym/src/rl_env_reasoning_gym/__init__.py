@@ -1,0 +1,1 @@
+"""reasoning-gym's procedural tasks and scorers for rl-core."""
