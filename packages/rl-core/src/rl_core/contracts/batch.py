@@ -10,6 +10,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 from rl_core.base.errors import InputError
+from rl_core.base.moved import moved_names
+
+#: moved to ``rl_core.api.tokens`` (the token maths, apart from the batch layout): the old spelling warns until 0.3
+__getattr__ = moved_names(
+    "rl_core.contracts.batch",
+    ["token_logprobs", "picked_logprobs", "pack", "unpack", "document_interiors", "split_shared_prefixes"],
+    "rl_core.contracts.tokens",
+    shown=("rl_core.api.batch", "rl_core.api.tokens"),
+    since="0.1",
+    removed_in="0.3",
+)
 
 if TYPE_CHECKING:
     import torch

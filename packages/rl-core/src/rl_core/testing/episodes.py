@@ -12,7 +12,7 @@ from rl_core.training.context import RunContext
 def episode_context(
     config: Any, engine: Any, tokenizer: Any, runner: Any, engine_name: str = "test", hook: Any = None
 ) -> RunContext:
-    unused: dict[str, Any] = {"run_dir": None, "console": None, "backend": None, "checkpoints": None, "find_task": None}
+    unused: dict[str, Any] = {"run_dir": None, "console": None, "backend": None, "checkpoints": None}
     return RunContext(
         config=config,
         hook=hook,

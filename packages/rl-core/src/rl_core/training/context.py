@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
+from rl_core.base.errors import PluginError
 from rl_core.base.schema import dump_yaml
 from rl_core.distributed.placement import Device
 from rl_core.rewards.combine import NamedRewardSource, score
@@ -62,6 +63,11 @@ class HookRelay(Protocol):
     def rl_run_end(self, *, run_dir: Path, metrics: dict[str, float], error: BaseException | None) -> list[None]: ...
 
 
+def no_tasks(name: str) -> Any:
+    """The task lookup of a run context built without the registry's: every task is missing, saying so."""
+    raise PluginError(f"no task {name!r}: this run context was built without the registry's tasks (find_task)")
+
+
 @attrs.define
 class RunContext:
     """Everything an algorithm loop needs, built by ``rl_core.launch.run``."""
@@ -69,8 +75,6 @@ class RunContext:
     config: Config
     #: the lifecycle hooks of the run's plugins (``Registry.hook``).
     hook: HookRelay
-    #: the task of a name (``data.task``), from the run's plugins (``Registry.task``).
-    find_task: FindTask
     run_dir: Path
     console: RunConsole
     tokenizer: Any
@@ -103,6 +107,9 @@ class RunContext:
             takes_self=True,
         )
     )
+    #: the task of a name (``data.task``), from the run's plugins (``Registry.task``; a context built without one
+    #: reads data files only).
+    find_task: FindTask = attrs.field(default=no_tasks)
 
     def keep_samples(self, step: int, transcripts: Sequence[Mapping[str, Any]], *, split: str = "train") -> None:
         """A few rollouts (prompt, turns, reward; grouped by prompt) to RUN_DIR/samples.jsonl and to each logger that
