@@ -1,5 +1,6 @@
 """A throwaway third-party plugin package, built and installed during the test, is discovered through its entry
-point and selected by priority; a sibling plugin that raises at import time is reported and skipped."""
+point and selected by priority (built for another rl-core, it is listed with a warning); a sibling plugin that raises
+at import time is reported and skipped."""
 
 import json
 import os
@@ -18,6 +19,7 @@ build-backend = "hatchling.build"
 [project]
 name = "{dist}"
 version = "9.9.9"
+dependencies = ["rl-core>=7"]  # built for a later rl-core than this one: rl-core plugins warns
 
 [project.entry-points.rl_core]
 {ep} = "{module}"
@@ -80,6 +82,8 @@ def test_third_party_plugin_is_discovered_and_selected(tmp_path: Path):
     assert plugins["turbo"]["distribution"] == "rl-backend-turbo" and plugins["turbo"]["version"] == "9.9.9"
     assert plugins["broken"]["status"] == "failed" and "broken on purpose" in plugins["broken"]["error"]
     assert plugins["dtensor"]["status"] == "loaded" and plugins["megatron"]["status"] == "loaded"
+    assert "rl-backend-turbo is built for rl-core >=7 but rl-core 0.1.0 is installed" in plugins["turbo"]["warning"]
+    assert plugins["dtensor"]["warning"] == ""
 
     explain = cli("plugins", "--explain", "policy.turbo_cfg.enabled=true", "policy.megatron_cfg.enabled=true", "--json")
     assert explain.returncode == 0, explain.stderr

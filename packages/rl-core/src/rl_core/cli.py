@@ -80,6 +80,7 @@ def plugins_report(registry: Registry) -> list[dict[str, Any]]:
             "version": info.version,
             "status": info.status,
             "error": info.error,
+            "warning": info.warning,
             "hooks": list(info.hooks),
             "components": _components(registry, info.name) if info.status == "loaded" else [],
         }
@@ -102,6 +103,8 @@ def cmd_plugins(args: argparse.Namespace, registry: Registry) -> int:
             f"{c['kind']}: {c['name']}" + (f" ({c['priority']})" if c["priority"] else "") for c in row["components"]
         ]
         status = row["status"] if not row["error"] else f"{row['status']}: {row['error']}"
+        if row["warning"]:
+            status += f" (warning: {row['warning']})"
         table.add_row(row["plugin"], row["distribution"], row["version"], status, "\n".join(parts))
     console.print(table)
     return 0

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
 import pluggy
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from rl_core.base.errors import PluginError, closest
 from rl_core.plugins import hookspecs
@@ -68,6 +70,8 @@ class PluginInfo:
     hooks: tuple[str, ...] = ()
     #: the module holding its hooks (its top-level package's loggers show on the run's terminal).
     module: str = ""
+    #: a loaded plugin built for another rl-core than the one installed (its declared range), else "".
+    warning: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +99,22 @@ def import_advice(exc: BaseException, module: str, distribution: str) -> str:
 def disabled_from_env() -> frozenset[str]:
     raw = os.environ.get(DISABLE_ENV, "")
     return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def core_range_warning(dist: metadata.Distribution | None) -> str:
+    """ "" when ``dist`` declares no rl-core range or the installed rl-core is in it; else what is wrong and the fix."""
+    installed = metadata.version("rl-core")
+    for line in (dist.requires or []) if dist is not None else []:
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) != "rl-core" or requirement.marker is not None:
+            continue
+        if not requirement.specifier.contains(installed, prereleases=True):
+            name = dist.metadata["Name"] if dist is not None else "?"
+            return (
+                f"{name} is built for rl-core {requirement.specifier} but rl-core {installed} is installed: "
+                f"install a {name} made for it (pip install -U {name}) or an rl-core in its range"
+            )
+    return ""
 
 
 def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
@@ -160,6 +180,10 @@ class Registry:
                 )
                 continue
             reg._add(ep.name, module, dist, version)
+            warning = core_range_warning(ep.dist)
+            if warning and reg.plugins[ep.name].status == "loaded":
+                log.warning("plugin %r: %s", ep.name, warning)
+                reg.plugins[ep.name] = attrs.evolve(reg.plugins[ep.name], warning=warning)
         for name, module in extra:
             reg._add(name, module, name, "0")
         return reg
