@@ -32,8 +32,10 @@ def recipes() -> list[Path]:
 #: needs the reward-model recipe's model: test_reward_model.py runs the two); PPO (test_main_job.py runs it whole);
 #: the calculator (test_calculator_recipe.py runs it as committed, its warm-up and 20 steps with checkpoints); the real
 #: chat model's (test_chat_model.py runs it shortened, and resumes it); the reward model (test_reward_model.py runs it
-#: whole, and checks its run folder as this test would)
+#: whole, and checks its run folder as this test would); the reasoning-gym recipe (test_learning_signal.py runs it with
+#: its adapter's rows and scorer, shortened, on the HF engine)
 RUN_ELSEWHERE = {
+    "grpo_reasoning_gym",
     "grpo_smollm2_chat_lora",
     "grpo_parity_dtensor_vllm",
     "grpo_lora",
