@@ -46,7 +46,9 @@ def test_a_reward_that_never_fires_and_cut_responses_are_warned_by_step_3_or_sto
         r"warning: step 3: \d+% of responses hit policy\.generation\.max_new_tokens=2 over the last 3", said[1]
     )
     flat = " ".join(out.split())
-    assert "preflight: step 1's 64 samples, before any update: reward mean 0, non-zero 0% (reasoning_gym 0%)" in flat, flat
+    assert "preflight: step 1's 64 samples, before any update: reward mean 0, non-zero 0% (reasoning_gym 0%)" in flat, (
+        flat
+    )
     assert "warning: no learning signal in step 1: every sample scored 0 (one response: " in flat
     assert "raise policy.generation.max_new_tokens" in flat and "(health.preflight: stop ends such a run here)" in flat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
