@@ -4,6 +4,7 @@ in fp32, on this machine's device; a reward source or environment with ``--optio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,7 @@ def _certify_task(name: str, registry: Registry, options: Sequence[str], card: C
     sources = {}
     for source_name in task.reward_sources:
         spec = registry.get(RewardSourceSpec, source_name)
-        sources[source_name] = started("reward source", spec, lambda spec=spec: spec.factory(None))
+        sources[source_name] = started("reward source", spec, partial(spec.factory, None))
     return certify_task(task, name, given, sources, card=card)
 
 

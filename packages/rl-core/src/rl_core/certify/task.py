@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from rl_core.base.schema import DataConfig
@@ -57,7 +58,7 @@ def certify_task(
         card.run(
             f"{source_name!r}: each row's own response scores above another row's",
             "all rows",
-            lambda source=source: _own_response_wins(source, train),
+            partial(_own_response_wins, source, train),
         )
         certify_reward_source(source, card=card, samples=_samples(train))
     return card
