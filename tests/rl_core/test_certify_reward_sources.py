@@ -117,3 +117,38 @@ def test_ctrl_c_returns_the_card_so_far_and_says_what_did_not_run():
     assert [r.check for r in card.results][:2] == ["implements the protocol", "one finite reward per response"]
     assert card.results[-1].check == "interrupted" and not card.passed
     assert card.results[-1].detail == "later checks did not run"
+
+
+class OldApi(Passthrough):
+    """Written against an API that moved: its method raises the AttributeError such a plugin meets."""
+
+    def score(self, prompts, responses, metadata):
+        raise AttributeError("module 'rl_core.contracts.batch' has no attribute 'gone'")
+
+
+def test_a_raising_plugin_is_a_failed_check_naming_its_method_and_a_failed_start_names_its_package():
+    from rl_core.api import RewardSourceSpec, hookimpl
+    from rl_core.certify import certify
+    from rl_core.plugins.registry import Registry
+
+    def cannot_start(_options):
+        raise AttributeError("module 'rl_core.contracts.batch' has no attribute 'gone'")
+
+    class Plugin:
+        @hookimpl
+        def rl_reward_sources(self):
+            return [
+                RewardSourceSpec(name="old_api", factory=lambda _options: OldApi(), package="rl-reward-old"),
+                RewardSourceSpec(name="no_start", factory=cannot_start, package="rl-reward-old"),
+            ]
+
+    registry = Registry.discover(entry_points=False, extra=[("old", Plugin())])
+    card = certify("old_api", registry, work=None)
+    failed = [r for r in card.results if not r.passed]
+    assert len(card.results) == 6 and len(failed) == 5, card.results  # every check ran and said why
+    errors = [r for r in failed if r.measured == "error"]
+    assert len(errors) == 4 and all(f"(raised in {__name__}.OldApi.score)" in r.detail for r in errors), failed
+    card = certify("no_start", registry, work=None)
+    (only,) = card.results
+    assert only.check == "the component starts and its checks run" and not card.passed
+    assert "reward source 'no_start' (rl-reward-old) failed to start: AttributeError" in only.detail, only.detail

@@ -5,7 +5,9 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -73,7 +75,11 @@ class Card:
             detail = rest[0] if rest else ""
         except Exception as exc:
             lines = [line for line in str(exc).splitlines() if line.strip()]
-            passed, measured, detail = False, "error", f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
+            where = raised_in(exc)
+            detail = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300] + (
+                f" (raised in {where})" if where else ""
+            )
+            passed, measured = False, "error"
         self.results.append(CheckResult(check=check, passed=passed, measured=measured, bound=bound, detail=detail))
         return passed
 
@@ -118,6 +124,18 @@ class Card:
             "passed": self.passed,
             "checks": [attrs.asdict(r) for r in self.results],
         }
+
+
+def raised_in(exc: BaseException) -> str:
+    """The function rl-core called last on the way to ``exc`` (a plugin's method: ``module.Class.method``), when it
+    is not rl-core's own; else ""."""
+    core = Path(__file__).resolve().parents[1]
+    frames = [frame for frame, _line in traceback.walk_tb(exc.__traceback__)]
+    inside = [i for i, frame in enumerate(frames) if core in Path(frame.f_code.co_filename).resolve().parents]
+    if not inside or inside[-1] + 1 >= len(frames):
+        return ""
+    callee = frames[inside[-1] + 1]
+    return f"{callee.f_globals.get('__name__', '?')}.{callee.f_code.co_qualname}"
 
 
 def bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:

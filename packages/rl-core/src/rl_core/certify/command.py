@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import yaml
 
-from rl_core.base.errors import InputError, PluginError
+from rl_core.base.errors import ConfigError, InputError, PluginError
 from rl_core.certify.algorithm import certify_algorithm
 from rl_core.certify.backend import certify_backend
 from rl_core.certify.card import Card
@@ -96,6 +96,15 @@ def certify(
     except KeyboardInterrupt:
         card.interrupted()
         return card
+    except (InputError, ConfigError):
+        raise  # the command line itself is wrong (an option, a file): say so, not a card
+    except Exception as exc:  # what the checks could not reach: the card says where it stopped, not a traceback
+        card.run("the component starts and its checks run", "no error", partial(_raise, exc))
+        return card
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _certify_environment(spec: EnvironmentSpec, options: Sequence[str], data: Path | None, card: Card) -> Card:
