@@ -33,7 +33,10 @@ def test_missing_or_unreadable_data_is_named_before_anything_starts(make_config,
     bad.write_text('{"prompt": "ok"}\nnot json\n')
     with pytest.raises(InputError, match=r"bad.jsonl, line 2: not valid JSON"):
         prepare(make_config, f"policy.model_name={tiny_model_path}", f"data.train_path={bad}")
-    with pytest.raises(ConfigError, match=r"data.task: must be one of .* \(got 'parrity'\); did you mean 'parity'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.task: no task named 'parrity' is installed \(available: .*\)\. Did you mean 'parity'\?",
+    ):
         make_config("data.task=parrity")
 
 

@@ -24,7 +24,7 @@ from rl_core.base.errors import ConfigError, closest
 from rl_core.base.schema import Config, EnvironmentConfig, RewardConfig, RewardSourceConfig
 from rl_core.config.recipes import default_recipe_path, resolve_recipe
 from rl_core.plugins.registry import Registry
-from rl_core.plugins.specs import EnvironmentSpec, RewardSourceSpec
+from rl_core.plugins.specs import EnvironmentSpec, RewardSourceSpec, TaskSpec
 
 # ------------------------------------------------------------------------------------------------------------------
 # Loading
@@ -268,6 +268,10 @@ def build_config(data: Mapping[str, Any], registry: Registry) -> Config:
         parent, _, leaf = key.rpartition(".")
         owned.setdefault(f"{parent}." if parent else "", []).append(leaf)
     core = structure_section(Config, raw, "", owned)
+    if core.data.task:  # the task's name now (its options and rows when the data is read, before any worker)
+        name = core.data.task.partition(":")[0]
+        if name not in registry.specs(TaskSpec):
+            raise ConfigError(f"data.task: {registry.why_missing(TaskSpec, name)}")
     reward = RewardConfig(sources=tuple(_reward_source(i, s, registry) for i, s in enumerate(sources)))
     return attrs.evolve(core, reward=reward, environment=environment, sections=sections)
 
