@@ -205,8 +205,29 @@ def test_client_errors_are_clear():
     with pytest.raises(ValueError, match="address"):
         RemoteConfig()
     dead = RemoteRewardSource(RemoteConfig(url="http://127.0.0.1:9", max_retries=1, backoff_s=0.01))
-    with pytest.raises(RewardServerError, match="after 2 attempts"):
+    with pytest.raises(RewardServerError, match="after 2 attempts .* last error: http://127.0.0.1:9: ConnectError"):
         dead.score(["p"], ["1"], [{"answer": "1"}])
+    # an outage is bounded in time as well as in tries: many retries, a total of one second
+    bounded = RemoteRewardSource(
+        RemoteConfig(url="http://127.0.0.1:9", max_retries=1000, backoff_s=0.2, max_backoff_s=0.2, retry_timeout_s=1)
+    )
+    began = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"retry_timeout_s: 1\)"):
+        bounded.score(["p"], ["1"], [{"answer": "1"}])
+    assert time.monotonic() - began < 3
+
+
+def test_a_scorer_that_fails_on_its_input_is_not_retried(start_server):
+    """A 500 is the scorer's own exception on this input: the same request fails again, so the client says so at
+    once instead of retrying it (the server counts one request)."""
+    server = start_server("--scorer", "number_match")
+    remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="number_match", max_retries=8, backoff_s=0.5))
+    began = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"\(500\): .*ValueError.*Not retried: the same input fails again"):
+        remote.score(["p"], ["1"], [{"answer": "not a number"}])
+    assert time.monotonic() - began < 2, "retried"
+    count = 'reward_http_requests_total{path="/v1/score",status="500"} 1.0'
+    assert count in httpx.get(f"{server.url}/metrics").text
 
 
 def test_an_input_that_never_finishes_cannot_freeze_the_server(start_server):

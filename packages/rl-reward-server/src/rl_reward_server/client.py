@@ -2,9 +2,12 @@
 
 Each ``score`` call splits its samples into chunks of ``batch_size`` and sends them with at most
 ``max_in_flight`` requests under way (so the cost is linear in the number of chunks), spread round-robin over the
-servers, and retries a chunk on connection errors, timeouts and 5xx answers with
-exponential backoff, moving to the next server each time. Scoring is a pure function of the chunk, so a retry
-cannot double-count: each chunk's answer is placed once, by its index, and the rewards come back in order.
+servers, and retries a chunk (with ``stamina``: exponential backoff with jitter, at most ``max_retries`` times and
+``retry_timeout_s`` in all, moving to the next server each time) on what a retry can fix: a connection refused or
+reset, a timeout, and 502/503/504 (a proxy's, or a busy or restarting server's). What the same request would meet
+again is not retried: a 4xx, and a 500 (the scorer itself failed on this input). Scoring is a pure function of the
+chunk, so a retry cannot double-count: each chunk's answer is placed once, by its index, and the rewards come back in
+order.
 
 A chunk the server cannot score (a 422: a sample its scorer rejects, or one that overran the server's deadline) is
 scored again one sample at a time, so that only the samples at fault fail: the call then raises an error naming
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,8 +46,11 @@ class RemoteConfig:
     max_in_flight: int = attrs.field(default=16, validator=attrs.validators.gt(0))
     #: seconds one request may take before it is retried.
     timeout_s: float = 60.0
-    #: retries of a failed or timed-out request before the step fails.
+    #: retries of a request that failed in a way a retry can fix (unreachable, timed out, 502/503/504) before the step
+    #: fails.
     max_retries: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    #: seconds a request may spend on its retries in all, waits included, before the step fails.
+    retry_timeout_s: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
     #: the first retry's wait, doubled each retry (with jitter).
     backoff_s: float = 0.1
     #: the longest wait between retries.
@@ -78,6 +84,12 @@ class Rejected(RewardServerError):
 
 #: one sample the server could not score: (its index in the call, why)
 Failure = tuple[int, str]
+#: answers a retry can fix: a proxy's, or a server that is busy or restarting
+TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+
+class Transient(RewardServerError):
+    """A request that failed in a way a retry can fix: the server unreachable, too slow, busy or restarting."""
 
 
 class RemoteRewardSource:
@@ -143,36 +155,54 @@ class RemoteRewardSource:
     async def _chunk(
         self, client: Any, index: int, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]
     ) -> list[Any]:
-        import httpx
+        import stamina
 
         servers = self.cfg.servers
         first = index % len(servers)
         body = {"scorer": self.cfg.scorer, "prompts": prompts, "responses": responses, "metadata": metadata}
-        last_error = ""
-        for attempt in range(self.cfg.max_retries + 1):
-            url = servers[(first + attempt) % len(servers)]
-            try:
-                reply = await client.post(f"{url}/v1/score", json=body)
-            except (httpx.TransportError, httpx.TimeoutException) as exc:
-                last_error = f"{url}: {type(exc).__name__}: {exc}"
-            else:
-                if reply.status_code < 300:
-                    rewards = reply.json()["rewards"]
-                    if len(rewards) != len(prompts):
-                        raise RewardServerError(f"{url} returned {len(rewards)} rewards for {len(prompts)} samples")
-                    return rewards
-                message = _message(reply)
-                if reply.status_code < 500:  # our request is wrong: retrying will not help
-                    raise Rejected(
-                        f"reward server {url} rejected the request ({reply.status_code}): {message}",
-                        reply.status_code,
-                    )
-                last_error = f"{url}: {reply.status_code} {message}"
-            delay = min(self.cfg.max_backoff_s, self.cfg.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
-            await asyncio.sleep(delay)
-        raise RewardServerError(
-            f"could not score {len(prompts)} samples after {self.cfg.max_retries + 1} attempts; last error: {last_error}"
-        )
+        began, attempts = time.monotonic(), 0
+        try:
+            async for attempt in stamina.retry_context(
+                on=Transient,
+                attempts=self.cfg.max_retries + 1,
+                timeout=self.cfg.retry_timeout_s,
+                wait_initial=self.cfg.backoff_s,
+                wait_max=self.cfg.max_backoff_s,
+                name="reward-server",
+            ):
+                with attempt:
+                    attempts = attempt.num
+                    return await self._post(client, servers[(first + attempts - 1) % len(servers)], body, len(prompts))
+        except Transient as exc:
+            raise RewardServerError(
+                f"could not score {len(prompts)} samples after {attempts} attempts in {time.monotonic() - began:.0f} s "
+                f"(max_retries: {self.cfg.max_retries}, retry_timeout_s: {self.cfg.retry_timeout_s:g}); last error: "
+                f"{exc}"
+            ) from None
+        raise AssertionError("the retries return or raise")
+
+    async def _post(self, client: Any, url: str, body: dict[str, Any], samples: int) -> list[Any]:
+        """One request's rewards, or the error it met: ``Transient`` when a retry can fix it."""
+        import httpx
+
+        try:
+            reply = await client.post(f"{url}/v1/score", json=body)
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise Transient(f"{url}: {type(exc).__name__}: {exc}") from None
+        if reply.status_code < 300:
+            rewards: list[Any] = reply.json()["rewards"]
+            if len(rewards) != samples:
+                raise RewardServerError(f"{url} returned {len(rewards)} rewards for {samples} samples")
+            return rewards
+        message = _message(reply)
+        if reply.status_code in TRANSIENT_STATUS:
+            raise Transient(f"{url}: {reply.status_code} {message}")
+        if reply.status_code >= 500:
+            raise RewardServerError(
+                f"reward server {url} could not score the request ({reply.status_code}): {message}. Not retried: the "
+                "same input fails again; fix the scorer, or the samples it fails on"
+            )
+        raise Rejected(f"reward server {url} rejected the request ({reply.status_code}): {message}", reply.status_code)
 
     def micro_batching(self) -> tuple[int, int] | None:
         """How the first server splits a request for this scorer (inference_micro_batch_size, replicas), as it
