@@ -3,12 +3,15 @@
 
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
 from rl_core.algorithms import grpo
+from rl_core.base.schema import LossConfig
 from rl_core.contracts.protocols import Rollout
 from rl_core.training.context import Phases
+from rl_core.training.losses import ClippedPGLoss
 from rl_core.training.rollouts import ScoredRollouts
 
 
@@ -141,10 +144,6 @@ def test_leave_one_out_baseline_is_the_mean_of_the_groups_other_rewards():
 def test_a_grpo_step_runs_the_logprob_passes_it_needs_and_checks_the_mismatch_once(
     rows, on_policy, overrides, expected
 ):
-    import attrs
-
-    from rl_core.base.schema import LossConfig
-
     loss_keys = {k: v for k, v in overrides.items() if k in attrs.fields_dict(LossConfig)}
     cfg = grpo.GRPOConfig(**{k: v for k, v in overrides.items() if k not in loss_keys})
     config = SimpleNamespace(
@@ -154,3 +153,59 @@ def test_a_grpo_step_runs_the_logprob_passes_it_needs_and_checks_the_mismatch_on
         SimpleNamespace(config=config), cfg, LossConfig(**loss_keys), rows, 1, on_policy=on_policy
     )
     assert attrs.asdict(passes) == expected
+
+
+class CapturingBackend:
+    """Answers the passes with fixed logprobs and keeps the batch it is asked to train on."""
+
+    def __init__(self, current: torch.Tensor, reference: torch.Tensor) -> None:
+        self.current, self.reference, self.trained = current, reference, None
+
+    def logprobs(self, batch):
+        return self.current.clone()
+
+    def reference_logprobs(self, batch):
+        return self.reference.clone()
+
+    def train(self, batch, loss_fn):
+        self.trained = batch
+        return {}
+
+
+def test_reinforce_plus_plus_subtracts_the_kl_to_go_then_whitens_over_the_kept_samples_only():
+    """REINFORCE++ as GRPO's step wires it (``train_on``): raw rewards (no group baseline), each token's advantage the
+    reward minus beta times the KL to the reference still to come, whitened over the loss tokens of the samples that
+    count. Worked by hand: one prompt, three samples of two response tokens after a one-token prompt; rewards
+    [1, 0, 5], the third cut at the limit and so dropped (overlong filtering); log pi - log ref = 0.5 on every response
+    token, beta = 0.2: KL to go [1.0, 0.5] -> advantages [1 - 0.2, 1 - 0.1] = [0.8, 0.9] and [-0.2, -0.1]; whitened
+    over those four tokens alone: mean 0.35, variance 0.2125."""
+    rewards, lengths = [[1.0, 0.0, 5.0]], [[2, 2, 8]]
+    step = scored(rewards, lengths)
+    step.rollouts[2] = attrs.evolve(step.rollouts[2], token_ids=(0, 1), logprobs=(0.0, 0.0), finish_reason="length")
+    width = 3  # the prompt token and two response tokens
+    current = torch.zeros(3, width)
+    current[:, 1:] = 0.5
+    backend = CapturingBackend(current, torch.zeros(3, width))
+    config = SimpleNamespace(
+        policy=SimpleNamespace(
+            train_global_batch_size=3, max_total_sequence_length=16, generation=SimpleNamespace(max_new_tokens=8)
+        ),
+        health=SimpleNamespace(logprob_mismatch_every=0),
+    )
+    ctx = SimpleNamespace(config=config, backend=backend, tokenizer=SimpleNamespace(pad_token_id=0))
+    cfg = grpo.GRPOConfig(
+        num_generations_per_prompt=3,
+        group_baseline=False,
+        normalize_rewards=False,
+        reward_kl_penalty=0.2,
+        batch_normalize_advantages=True,
+        overlong_filtering=True,
+    )
+    loss_fn = ClippedPGLoss(cfg=LossConfig(disable_ppo_ratio=True))
+    grpo.train_on(ctx, cfg, step, loss_fn, 1, Phases(), on_policy=True)
+    batch = backend.trained
+    assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0]
+    kept = torch.tensor([0.8, 0.9, -0.2, -0.1])
+    whitened = ((kept - kept.mean()) / (kept.var(unbiased=False) + 1e-8).sqrt()).tolist()
+    assert batch["advantages"][:2, 1:].flatten().tolist() == pytest.approx(whitened, abs=1e-5)
+    assert sum(whitened) == pytest.approx(0.0, abs=1e-6)
