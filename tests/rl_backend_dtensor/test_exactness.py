@@ -4,6 +4,7 @@ for real) has prompt sharing turned off, with the gap, and then runs whole rows.
 
 The forward runs in-process (one rank, no process group): the same code each rank runs under Ray."""
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from test_loss_positions import VOCAB, tiny
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rl_backend_dtensor.config import DTensorConfig
-from rl_backend_dtensor.exactness import check_shortcuts, synthetic_batch
+from rl_backend_dtensor.exactness import TOLERANCE, _compare, check_shortcuts, synthetic_batch
 from rl_backend_dtensor.forward import ModelForward, Paths
 from rl_core.base.schema import LoraConfig
 from rl_core.contracts import lora
@@ -135,3 +136,29 @@ def test_right_padded_rows_get_the_logprobs_of_each_row_alone_with_learned_posit
         for i, length in enumerate(batch["attention_mask"].sum(1).tolist()):
             alone = {k: v[i : i + 1, :length] for k, v in batch.items()}
             assert float((fwd.logprobs(alone)[0] - padded[i, :length]).abs().max()) < 1e-5, i
+
+
+def test_a_shortcut_whose_gradients_alone_differ_is_inexact():
+    """The logprobs can agree while the gradients do not (a shortcut that detaches or rescales a path): the
+    gradient gap alone must turn it off, and float rounding must not."""
+    forward = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(mixed_precision=False))
+    logprobs = torch.randn(3, 5)
+    grads = {"w": torch.randn(4, 4), "b": torch.randn(4)}
+    bound = TOLERANCE[False][1]
+    off = _compare(
+        forward, "x", (logprobs, grads), (logprobs.clone(), {"w": grads["w"] * (1 + 3 * bound), "b": grads["b"]})
+    )
+    assert off.logprob_gap == 0.0 and off.grad_gap > bound and not off.exact
+    rounding = {k: g + 1e-7 for k, g in grads.items()}
+    assert _compare(forward, "x", (logprobs, grads), (logprobs + 1e-7, rounding)).exact
+
+
+def test_turning_off_logits_at_loss_positions_turns_prompt_sharing_off_with_the_reason():
+    fwd = ModelForward(planted(), DTensorConfig(), "lm", torch.device("cpu"))
+    assert fwd.paths.logits_at_loss_positions and fwd.paths.shared_prefix
+    fwd.turn_off("logits_at_loss_positions", "planted")
+    assert not fwd.paths.logits_at_loss_positions and not fwd.paths.shared_prefix
+    assert fwd.off == {
+        "logits_at_loss_positions": "planted",
+        "shared_prefix": "it needs logits_at_loss_positions, which is off",
+    }
