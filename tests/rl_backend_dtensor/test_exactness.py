@@ -162,3 +162,26 @@ def test_turning_off_logits_at_loss_positions_turns_prompt_sharing_off_with_the_
         "logits_at_loss_positions": "planted",
         "shared_prefix": "it needs logits_at_loss_positions, which is off",
     }
+
+
+def test_a_model_with_a_local_attention_window_under_any_name_gets_no_prompt_sharing():
+    """GPT-Neo declares its local layers' window as attention_types / window_size (not sliding_window): with
+    150-300-token prompts sharing was wrong (8e-3 nats) while the start-up check's short rows never reached the
+    window. The gate reads the window under any of the names models use and turns sharing off, saying why."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    neo = GPTNeoForCausalLM(
+        GPTNeoConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=256,
+            max_position_embeddings=512,
+        )
+    )
+    fwd = ModelForward(neo, DTensorConfig(), "lm", torch.device("cpu"))
+    assert not fwd.paths.shared_prefix and fwd.off["shared_prefix"] == "local attention (config.window_size=256)"
+    assert fwd.paths.logits_at_loss_positions

@@ -169,15 +169,33 @@ def _no_sharing(model: Any, cfg: DTensorConfig, *, needs_logits: bool) -> str | 
         return "sequence_packing runs instead"
     if not takes(model, "past_key_values"):
         return f"{type(inner).__name__}.forward takes no past_key_values (a cache)"
-    config = inner.config.get_text_config(decoder=True)
-    layers = getattr(config, "layer_types", None) or ["full_attention"]
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return f"sliding-window attention (config.sliding_window={config.sliding_window})"
-    if any(kind != "full_attention" for kind in layers):
-        return f"layers that do not attend to every earlier position ({sorted(set(layers))})"
+    local = _local_attention(inner.config.get_text_config(decoder=True))
+    if local:
+        return local
     if getattr(inner, "is_gradient_checkpointing", False):
         # it recomputes a layer's forward in the backward, which would write that layer's cache twice
         return "activation_checkpointing"
+    return None
+
+
+#: config fields through which models declare attention that stops short of the earlier positions (a window, a chunk):
+#: Mistral/Qwen2's sliding_window, GPT-Neo's window_size, Longformer's attention_window, Llama 4's attention_chunk_size
+LOCAL_SPANS = ("sliding_window", "window_size", "attention_window", "local_window_size", "attention_chunk_size")
+#: layer kinds that attend to every earlier position
+FULL_LAYERS = frozenset({"full_attention", "global", "attention"})
+
+
+def _local_attention(config: Any) -> str | None:
+    """How ``config`` declares attention that does not reach every earlier position, under any of the names models
+    use (the start-up check's rows are shorter than such spans, so sharing is not proven there); None: it does not."""
+    for name in LOCAL_SPANS:
+        value = getattr(config, name, None)
+        if isinstance(value, int | list | tuple) and value and getattr(config, f"use_{name}", True):
+            return f"local attention (config.{name}={value})"
+    layers = getattr(config, "layer_types", None) or getattr(config, "attention_layers", None) or []
+    kinds = {str(kind) for kind in layers}
+    if kinds - FULL_LAYERS:
+        return f"layers that do not attend to every earlier position ({sorted(kinds)})"
     return None
 
 
