@@ -134,7 +134,14 @@ def prepare_run(config: Config, registry: Registry, console: RunConsole, *, trai
             console.info(line)
     if trains:
         try:
-            console.info(estimate_memory(config, model).line())
+            section = config.sections.get(chosen.algorithm.config_key or "")
+            needs_reference = (  # the run asks for its logprobs: a KL term, or a named reference (a teacher)
+                policy.reference_model_name is not None
+                or config.loss_fn.reference_policy_kl_penalty > 0
+                or getattr(section, "reward_kl_penalty", 0) > 0
+            )
+            critic = chosen.algorithm.critic is not None
+            console.info(estimate_memory(config, model, reference=needs_reference, critic=critic).line())
         except Exception as exc:  # an estimate never stops a run: a model the meta device cannot build, say
             console.info(f"trainer memory: not estimated ({type(exc).__name__}: {exc})")
     random.seed(config.seed)
