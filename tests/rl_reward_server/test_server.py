@@ -219,7 +219,7 @@ def test_client_errors_are_clear():
 
 def test_a_scorer_that_fails_on_its_input_is_not_retried(start_server):
     """A 500 is the scorer's own exception on this input: the same request fails again, so the client says so at
-    once instead of retrying it (the server counts one request)."""
+    once instead of retrying it (the server counts one request). A body the parser refuses says why."""
     server = start_server("--scorer", "number_match")
     remote = RemoteRewardSource(RemoteConfig(url=server.url, scorer="number_match", max_retries=8, backoff_s=0.5))
     began = time.monotonic()
@@ -228,6 +228,13 @@ def test_a_scorer_that_fails_on_its_input_is_not_retried(start_server):
     assert time.monotonic() - began < 2, "retried"
     count = 'reward_http_requests_total{path="/v1/score",status="500"} 1.0'
     assert count in httpx.get(f"{server.url}/metrics").text
+    # a number past Python's 4300-digit parsing limit is named as such (not as nesting)
+    huge = '{"scorer": "number_match", "prompts": ["p"], "responses": ["1"], "metadata": [{"answer": %s}]}' % (
+        "9" * 5000
+    )
+    reply = httpx.post(f"{server.url}/v1/score", content=huge, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 422 and "a number in it is too large" in reply.json()["error"], reply.text
+    assert "nest" not in reply.json()["error"]
 
 
 def test_an_input_that_never_finishes_cannot_freeze_the_server(start_server):

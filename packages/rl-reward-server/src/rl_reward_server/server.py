@@ -357,6 +357,15 @@ async def _guard(request: Request, call_next: Any, settings: ServerSettings) -> 
     return await call_next(request)
 
 
+def _parse_error(cause: BaseException | None) -> str:
+    """What the JSON parser found wrong, in the sender's terms."""
+    if isinstance(cause, RecursionError):
+        return f"it nests too deeply (metadata may nest {MAX_METADATA_DEPTH} levels)"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return f"a number in it is too large ({cause}); send such a number as a string"
+    return str(cause) if cause is not None else "not valid JSON"
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error answered as JSON ``{"error": ...}`` with a status that says what was wrong."""
 
@@ -366,11 +375,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400:  # FastAPI could not parse the body (a parser recursion limit, say)
-            return _error(
-                422,
-                f"the body could not be parsed as JSON: {exc.detail} (metadata may nest {MAX_METADATA_DEPTH} levels)",
-            )
+        if exc.status_code == 400:  # FastAPI could not parse the body: say why, from the parser's own error
+            return _error(422, f"the body could not be parsed as JSON: {_parse_error(exc.__cause__)}")
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
