@@ -622,3 +622,38 @@ def test_workers_0_scores_in_the_servers_process_and_allow_no_token_serves_every
     server = start_server("--scorer", "exact_match", "--workers", "0", "--host", "0.0.0.0", "--allow-no-token")
     assert _score(server, "exact_match", ["1"], metadata=[{"answer": "1"}]).json() == {"rewards": [1.0]}
     assert psutil.Process(server.proc.pid).children(recursive=True) == [], "no scorer process with --workers 0"
+
+
+def test_connections_that_dribble_their_headers_are_closed_at_the_header_deadline(start_server):
+    """Slowloris: 50 clients send a request line and then a header byte every 0.2 s, never finishing. Each is closed
+    at ``--header-timeout-s`` (1 s here, from its start), while well-behaved requests are served."""
+    import socket
+
+    server = start_server("--scorer", "exact_match", "--header-timeout-s", "1")
+    slow = []
+    for _ in range(50):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        sock.setblocking(False)
+        slow.append(sock)
+    with httpx.Client(base_url=server.url) as kept:
+        assert kept.get("/health").status_code == 200
+        began, closed = time.monotonic(), set()
+        while len(closed) < len(slow) and time.monotonic() - began < 5:
+            for i, sock in enumerate(slow):
+                if i in closed:
+                    continue
+                try:
+                    sock.send(b"a")
+                    if sock.recv(1) == b"":
+                        closed.add(i)
+                except BlockingIOError:
+                    pass
+                except OSError:  # reset or broken pipe: closed by the server
+                    closed.add(i)
+            time.sleep(0.2)
+        waited = time.monotonic() - began
+        assert len(closed) == 50 and waited < 3, (len(closed), waited)
+        assert kept.get("/health").status_code == 200
+    for sock in slow:
+        sock.close()

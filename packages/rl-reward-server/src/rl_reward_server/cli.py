@@ -85,6 +85,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="longest a body may take to arrive",
     )
     p.add_argument(
+        "--header-timeout-s",
+        type=_number(float, minimum=0, maximum=_DAY_S),
+        default=10.0,
+        help="longest a request's headers may take to arrive; a connection past it is closed",
+    )
+    p.add_argument(
         "--request-timeout-s",
         type=_number(float, minimum=0, maximum=_DAY_S),
         default=10.0,
@@ -127,6 +133,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from rl_reward_server.hosting import parse_scorer
+    from rl_reward_server.protocol import header_deadline_protocol
     from rl_reward_server.server import ServerSettings, create_app
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
@@ -154,6 +161,7 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes,
         body_timeout_s=args.body_timeout_s,
+        header_timeout_s=args.header_timeout_s,
         request_timeout_s=args.request_timeout_s,
         workers=args.workers,
         max_queued_samples=args.max_queued_samples,
@@ -170,7 +178,7 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level="warning",
-        http="h11",
+        http=header_deadline_protocol(settings.header_timeout_s),
         loop=args.loop,
         h11_max_incomplete_event_size=settings.max_header_bytes,
     )

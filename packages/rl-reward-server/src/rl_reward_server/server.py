@@ -6,7 +6,8 @@ in order. Requests to one scorer that arrive together are merged into micro-batc
 scorer calls. Each scorer runs in worker processes of its own (``rl_reward_server.pool``) under a hard deadline
 per call, so no input can freeze the server, and a slow input holds up only requests to the same scorer.
 
-Limits, each answered with a status that names it: headers beyond ``max_header_bytes`` all together (431), a body
+Limits, each answered with a status that names it: headers beyond ``max_header_bytes`` all together (431; headers
+that do not arrive within ``header_timeout_s`` close the connection: ``rl_reward_server.protocol``), a body
 beyond ``max_body_bytes`` however it is framed (counted as it arrives, chunked included: 413), a body that does not
 arrive within ``body_timeout_s`` (408), JSON only (415), metadata nested deeper than ``MAX_METADATA_DEPTH`` (422),
 more than ``max_queued_samples`` waiting for one scorer (503, retry later). Bad input is a 422 naming the field; a
@@ -54,6 +55,9 @@ class ServerSettings:
     max_header_bytes: int = 64 * 1024
     #: the longest a request's body may take to arrive.
     body_timeout_s: float = 10.0
+    #: the longest a request's headers may take to arrive (from the connection's start, or its last response); a
+    #: connection past it is closed.
+    header_timeout_s: float = 10.0
     #: the longest one scorer call may run before its process is stopped (hard deadline).
     request_timeout_s: float = 10.0
     #: scorer processes for each hosted scorer (0: in the server's own process, without a deadline).
