@@ -78,24 +78,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=positive, default=4096, help="most samples one request may carry")
     p.add_argument("--max-body-bytes", type=positive, default=8 * 1024 * 1024, help="largest request body")
     p.add_argument("--max-header-bytes", type=positive, default=64 * 1024, help="longest request headers, all together")
-    p.add_argument(
-        "--body-timeout-s",
-        type=_number(float, minimum=0, maximum=_DAY_S),
-        default=10.0,
-        help="longest a body may take to arrive",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=_number(float, minimum=0, maximum=_DAY_S),
-        default=10.0,
-        help="longest a request's headers may take to arrive; a connection past it is closed",
-    )
-    p.add_argument(
-        "--request-timeout-s",
-        type=_number(float, minimum=0, maximum=_DAY_S),
-        default=10.0,
-        help="hard deadline of one scorer call; its process is stopped and replaced past it (the request gets a 422)",
-    )
+    for flag, what in (
+        ("--body-timeout-s", "longest a body may take to arrive"),
+        ("--header-timeout-s", "longest a request's headers may take to arrive; a connection past it is closed"),
+        (
+            "--request-timeout-s",
+            "hard deadline of one scorer call; its process is stopped and replaced past it (the request gets a 422)",
+        ),
+    ):
+        p.add_argument(flag, type=_number(float, minimum=0, maximum=_DAY_S), default=10.0, help=what)
     p.add_argument(
         "--workers",
         type=_number(int, minimum=0, inclusive=True),
