@@ -138,7 +138,7 @@ def test_sharing_is_decided_once_per_model_with_the_reason_when_it_cannot_apply(
     """Gemma 2 alternates sliding-window layers: its rows run whole (and agree with the plain path)."""
     model, batch = tiny("gemma2"), grouped_batch()
     gemma = forward_of(model)
-    assert not gemma.paths.shared_prefix and "sliding-window attention" in gemma.off["shared_prefix"]
+    assert not gemma.paths.shared_prefix and "local attention (config.sliding_window=" in gemma.off["shared_prefix"]
     assert forward_of(tiny("llama")).paths.shared_prefix and not forward_of(tiny("llama")).off
     everywhere = forward_of(tiny("llama"), logits_at_loss_positions=False)  # logits everywhere: prompts are needed
     assert everywhere.off == {"shared_prefix": "it needs logits_at_loss_positions"}

@@ -178,7 +178,7 @@ def test_reinforce_plus_plus_subtracts_the_kl_to_go_then_whitens_over_the_kept_s
     count. Worked by hand: one prompt, three samples of two response tokens after a one-token prompt; rewards
     [1, 0, 5], the third cut at the limit and so dropped (overlong filtering); log pi - log ref = 0.5 on every response
     token, beta = 0.2: KL to go [1.0, 0.5] -> advantages [1 - 0.2, 1 - 0.1] = [0.8, 0.9] and [-0.2, -0.1]; whitened
-    over those four tokens alone: mean 0.35, variance 0.2125."""
+    over those four tokens alone: mean 0.35, unbiased variance (0.45^2 + 0.55^2 + 0.55^2 + 0.45^2) / 3 = 1.01 / 3."""
     rewards, lengths = [[1.0, 0.0, 5.0]], [[2, 2, 8]]
     step = scored(rewards, lengths)
     step.rollouts[2] = attrs.evolve(step.rollouts[2], token_ids=(0, 1), logprobs=(0.0, 0.0), finish_reason="length")
@@ -206,6 +206,6 @@ def test_reinforce_plus_plus_subtracts_the_kl_to_go_then_whitens_over_the_kept_s
     batch = backend.trained
     assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0]
     kept = torch.tensor([0.8, 0.9, -0.2, -0.1])
-    whitened = ((kept - kept.mean()) / (kept.var(unbiased=False) + 1e-8).sqrt()).tolist()
+    whitened = ((kept - 0.35) / (1.01 / 3 + 1e-8) ** 0.5).tolist()
     assert batch["advantages"][:2, 1:].flatten().tolist() == pytest.approx(whitened, abs=1e-5)
     assert sum(whitened) == pytest.approx(0.0, abs=1e-6)
