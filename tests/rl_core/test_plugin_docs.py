@@ -1,6 +1,7 @@
 """The examples of docs/plugins.md and docs/environments.md, as written there: installed from the doc's own code blocks,
 discovered through its entry point, selected from a config, and certified by ``rl-core certify``."""
 
+import functools
 import json
 import os
 import re
@@ -33,15 +34,18 @@ def install_documented(package: str, tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
+def rl_core_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``rl-core ARGS`` in a process that sees the installed documented plugin."""
+    return subprocess.run(
+        [sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
 @pytest.mark.slow
 def test_the_documented_reward_source_installs_and_certifies(tmp_path: Path):
     assert {"rl-reward-length/pyproject.toml", "rl-reward-length/rl_reward_length/__init__.py"} <= set(doc_files())
     env = install_documented("rl-reward-length", tmp_path)
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=300
-        )
+    cli = functools.partial(rl_core_cli, env)
 
     card = cli("certify", "length", "--option", "target=12", "--json")
     assert card.returncode == 0, card.stdout + card.stderr
@@ -73,11 +77,7 @@ def test_the_documented_environment_installs_and_certifies(tmp_path: Path):
 def test_the_documented_task_adapter_installs_and_certifies(tmp_path: Path):
     assert {"rl-task-words/pyproject.toml", "rl-task-words/rl_task_words/__init__.py"} <= set(doc_files())
     env = install_documented("rl-task-words", tmp_path)
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "rl_core.cli", *args], capture_output=True, text=True, env=env, timeout=300
-        )
+    cli = functools.partial(rl_core_cli, env)
 
     card = cli("certify", "words:reverse", "--option", "min_length=5", "--json")
     assert card.returncode == 0, card.stdout + card.stderr
